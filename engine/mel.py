@@ -1,0 +1,70 @@
+"""Whisper's log-mel spectrogram, numerically matching `WhisperFeatureExtractor`.
+
+Runs on whatever device the audio tensor is on. The filter bank is computed here (Slaney mel
+scale and area normalisation, as transformers' `mel_filter_bank`) rather than read from a file.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 frames in a mel window
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 frames: 10 ms each
+
+
+def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+    """Slaney's mel scale: linear below 1 kHz, logarithmic above."""
+    mel = 3.0 * hz / 200.0
+    log_region = hz >= 1000.0
+    mel[log_region] = 15.0 + np.log(hz[log_region] / 1000.0) * (27.0 / np.log(6.4))
+    return mel
+
+
+def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+    hz = 200.0 * mel / 3.0
+    log_region = mel >= 15.0
+    hz[log_region] = 1000.0 * np.exp(np.log(6.4) / 27.0 * (mel[log_region] - 15.0))
+    return hz
+
+
+@lru_cache
+def mel_filters(n_mels: int) -> np.ndarray:
+    """shape = (n_fft // 2 + 1, n_mels): triangular filters over 0-8 kHz, area-normalised."""
+    fft_freqs = np.linspace(0, SAMPLE_RATE // 2, N_FFT // 2 + 1)
+    mel_edges = np.linspace(
+        _hz_to_mel(np.array([0.0]))[0], _hz_to_mel(np.array([8000.0]))[0], n_mels + 2
+    )
+    hz_edges = _mel_to_hz(mel_edges)
+    slopes = hz_edges[None, :] - fft_freqs[:, None]
+    widths = np.diff(hz_edges)
+    down = -slopes[:, :-2] / widths[:-1]
+    up = slopes[:, 2:] / widths[1:]
+    filters = np.maximum(0.0, np.minimum(down, up))
+    return filters * (2.0 / (hz_edges[2:] - hz_edges[:-2]))[None, :]
+
+
+def log_mel_spectrogram(
+    audio: torch.Tensor, n_mels: int, pad_to: int | None = N_SAMPLES
+) -> torch.Tensor:
+    """Log-mel features of mono 16 kHz audio, scaled as Whisper expects.
+
+    audio: shape = (n_samples,), float32; zero-padded (or cut) to `pad_to` samples first.
+    returns: shape = (n_mels, n_samples // HOP_LENGTH), float32, on the audio's device.
+    """
+    if pad_to is not None:
+        audio = torch.nn.functional.pad(audio[:pad_to], (0, max(0, pad_to - audio.shape[-1])))
+    window = torch.hann_window(N_FFT, device=audio.device)
+    stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)
+    power = stft[..., :-1].abs() ** 2
+    filters = torch.from_numpy(mel_filters(n_mels)).to(audio.device, torch.float32)
+    log_spec = torch.clamp(filters.T @ power, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    return (log_spec + 4.0) / 4.0

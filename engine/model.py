@@ -1,0 +1,243 @@
+"""The Whisper encoder-decoder network, written for serving.
+
+Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
+
+- pre-norm Transformer blocks; a stride-2 convolution stem in the encoder; GELU (erf) MLPs;
+  learned positional embeddings in both stacks (the encoder's are fixed sinusoids in practice);
+- self-attention q, k, v are fused into one linear (`qkv`) and cross-attention k, v into another
+  (`kv`); Whisper's key projections carry no bias, so the fused bias holds zeros for k;
+- the output head is tied to the token embedding;
+- caches are explicit tensors owned by the caller and addressed by slot index (`KVCache`): the
+  self-attention cache `[layer, slot, head, n_text_ctx, d_head]` and the cross-attention cache
+  `[layer, slot, head, n_audio_ctx, d_head]`, which is projected once per request
+  (`project_cross_kv`) and only read by decode steps. No hooks, no hidden state: this is what
+  CUDA graphs and continuous batching need.
+
+The network knows nothing of requests, tokens' meaning or decoding policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelDimensions:
+    n_mels: int  # mel bins of the input spectrogram (80, or 128 for large-v3)
+    n_audio_ctx: int  # encoder positions: 1500 for a 30 s window
+    n_audio_state: int
+    n_audio_head: int
+    n_audio_layer: int
+    n_vocab: int
+    n_text_ctx: int  # decoder positions: 448
+    n_text_state: int
+    n_text_head: int
+    n_text_layer: int
+    n_audio_ff: int
+    n_text_ff: int
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> ModelDimensions:
+        """Read the dimensions from a Hugging Face `WhisperConfig` dictionary."""
+        return cls(
+            n_mels=config["num_mel_bins"],
+            n_audio_ctx=config["max_source_positions"],
+            n_audio_state=config["d_model"],
+            n_audio_head=config["encoder_attention_heads"],
+            n_audio_layer=config["encoder_layers"],
+            n_vocab=config["vocab_size"],
+            n_text_ctx=config["max_target_positions"],
+            n_text_state=config["d_model"],
+            n_text_head=config["decoder_attention_heads"],
+            n_text_layer=config["decoder_layers"],
+            n_audio_ff=config["encoder_ffn_dim"],
+            n_text_ff=config["decoder_ffn_dim"],
+        )
+
+
+@dataclass
+class KVCache:
+    """Slot-indexed attention caches, preallocated once and reused by every request.
+
+    self_k, self_v: shape = (n_text_layer, n_slots, n_text_head, n_text_ctx, d_head)
+    cross_k, cross_v: shape = (n_text_layer, n_slots, n_text_head, n_audio_ctx, d_head)
+    """
+
+    self_k: Tensor
+    self_v: Tensor
+    cross_k: Tensor
+    cross_v: Tensor
+
+    @classmethod
+    def allocate(
+        cls, dims: ModelDimensions, n_slots: int, device: torch.device | str, dtype: torch.dtype
+    ) -> KVCache:
+        d_head = dims.n_text_state // dims.n_text_head
+        self_shape = (dims.n_text_layer, n_slots, dims.n_text_head, dims.n_text_ctx, d_head)
+        cross_shape = (dims.n_text_layer, n_slots, dims.n_text_head, dims.n_audio_ctx, d_head)
+        return cls(
+            self_k=torch.zeros(self_shape, device=device, dtype=dtype),
+            self_v=torch.zeros(self_shape, device=device, dtype=dtype),
+            cross_k=torch.zeros(cross_shape, device=device, dtype=dtype),
+            cross_v=torch.zeros(cross_shape, device=device, dtype=dtype),
+        )
+
+    @property
+    def n_slots(self) -> int:
+        return self.self_k.shape[1]
+
+
+def _heads(x: Tensor, n_head: int) -> Tensor:
+    """(batch, time, n_state) -> (batch, n_head, time, d_head)"""
+    b, t, d = x.shape
+    return x.view(b, t, n_head, d // n_head).transpose(1, 2)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    """(batch, n_head, time, d_head) -> (batch, time, n_state)"""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, n_state: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_state, 3 * n_state)
+        self.out = nn.Linear(n_state, n_state)
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, n_state: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.q = nn.Linear(n_state, n_state)
+        self.kv = nn.Linear(n_state, 2 * n_state)
+        self.out = nn.Linear(n_state, n_state)
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int, n_ff: int):
+        super().__init__()
+        self.attn_ln = nn.LayerNorm(n_state)
+        self.attn = SelfAttention(n_state, n_head)
+        self.mlp_ln = nn.LayerNorm(n_state)
+        self.fc1 = nn.Linear(n_state, n_ff)
+        self.fc2 = nn.Linear(n_ff, n_state)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
+        h = self.attn.n_head
+        a = F.scaled_dot_product_attention(_heads(q, h), _heads(k, h), _heads(v, h))
+        x = x + self.attn.out(_merge_heads(a))
+        return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, dims: ModelDimensions):
+        super().__init__()
+        d = dims.n_audio_state
+        self.conv1 = nn.Conv1d(dims.n_mels, d, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
+        self.positional_embedding = nn.Parameter(torch.empty(dims.n_audio_ctx, d))
+        self.blocks = nn.ModuleList(
+            EncoderBlock(d, dims.n_audio_head, dims.n_audio_ff) for _ in range(dims.n_audio_layer)
+        )
+        self.ln_post = nn.LayerNorm(d)
+
+    def forward(self, mel: Tensor) -> Tensor:
+        """
+        mel: shape = (batch, n_mels, 2 * n_audio_ctx), the log-mel spectrogram of 30 s windows
+        returns: shape = (batch, n_audio_ctx, n_audio_state)
+        """
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        x = x + self.positional_embedding
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_post(x)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int, n_ff: int):
+        super().__init__()
+        self.attn_ln = nn.LayerNorm(n_state)
+        self.attn = SelfAttention(n_state, n_head)
+        self.cross_attn_ln = nn.LayerNorm(n_state)
+        self.cross_attn = CrossAttention(n_state, n_head)
+        self.mlp_ln = nn.LayerNorm(n_state)
+        self.fc1 = nn.Linear(n_state, n_ff)
+        self.fc2 = nn.Linear(n_ff, n_state)
+
+    def forward(
+        self, x: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, layer: int
+    ) -> Tensor:
+        h = self.attn.n_head
+        q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
+        # Write this step's keys/values at each row's own positions, then attend over the
+        # slot's whole cache, masking positions after the query's (rows differ in length).
+        # (Index tensors split by a slice put their axes first: the target is (b, t, head, d).)
+        rows = slots[:, None]
+        b, t, d = k.shape
+        cache.self_k[layer][rows, :, positions] = k.view(b, t, h, d // h)
+        cache.self_v[layer][rows, :, positions] = v.view(b, t, h, d // h)
+        key_pos = torch.arange(cache.self_k.shape[3], device=x.device)
+        mask = key_pos[None, None, None, :] <= positions[:, None, :, None]
+        a = F.scaled_dot_product_attention(
+            _heads(q, h), cache.self_k[layer][slots], cache.self_v[layer][slots], attn_mask=mask
+        )
+        x = x + self.attn.out(_merge_heads(a))
+
+        q = self.cross_attn.q(self.cross_attn_ln(x))
+        a = F.scaled_dot_product_attention(
+            _heads(q, h), cache.cross_k[layer][slots], cache.cross_v[layer][slots]
+        )
+        x = x + self.cross_attn.out(_merge_heads(a))
+        return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, dims: ModelDimensions):
+        super().__init__()
+        d = dims.n_text_state
+        self.token_embedding = nn.Embedding(dims.n_vocab, d)
+        self.positional_embedding = nn.Parameter(torch.empty(dims.n_text_ctx, d))
+        self.blocks = nn.ModuleList(
+            DecoderBlock(d, dims.n_text_head, dims.n_text_ff) for _ in range(dims.n_text_layer)
+        )
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
+        """
+        tokens, positions: shape = (batch, n_tokens), each row's next tokens and their positions
+        slots: shape = (batch,), the cache slot of each row
+        returns: logits, shape = (batch, n_tokens, n_vocab), in float32
+        """
+        x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, slots, cache, layer)
+        x = self.ln(x)
+        return (x @ self.token_embedding.weight.T).float()
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: ModelDimensions):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(dims)
+        self.decoder = TextDecoder(dims)
+
+    def project_cross_kv(self, xa: Tensor, slots: Tensor, cache: KVCache) -> None:
+        """Project encoder output to every layer's cross-attention K/V, once per request.
+
+        xa: shape = (batch, n_audio_ctx, n_audio_state); slots: shape = (batch,)
+        """
+        h = self.dims.n_text_head
+        for layer, block in enumerate(self.decoder.blocks):
+            k, v = block.cross_attn.kv(xa).chunk(2, dim=-1)
+            cache.cross_k[layer][slots] = _heads(k, h)
+            cache.cross_v[layer][slots] = _heads(v, h)
