@@ -1,0 +1,55 @@
+"""The FastAPI application: the door of whisperfleet. Never imports torch or the engine."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import redis
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from api.errors import install_error_handlers
+from api.routes import health, jobs
+from worker.app import create_app as create_celery
+from worker.jobs import JobStore
+from worker.settings import Settings, get_settings
+from worker.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+def _operation_id(route: APIRoute) -> str:
+    return f"{route.tags[0]}-{route.name}"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.settings = settings
+        app.state.store = JobStore(redis.Redis.from_url(settings.redis_url))
+        app.state.storage = Storage(settings)
+        app.state.celery = create_celery(settings)
+        try:
+            app.state.storage.ensure_bucket()
+        except Exception as e:  # not fatal: /readyz reports it until storage answers
+            log.warning("storage at %s is not reachable yet: %s", settings.s3_endpoint_url, e)
+        yield
+        app.state.store.redis.close()
+
+    app = FastAPI(
+        title="whisperfleet",
+        summary="Asynchronous speech-to-text: submit audio, poll the job, read the transcript.",
+        version="0.1.0",
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    return app
+
+
+app = create_app()

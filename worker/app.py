@@ -1,0 +1,40 @@
+"""The Celery application, configured from the one settings object.
+
+One worker process per GPU runs Celery's threads pool: many jobs in flight, one engine per
+process (forking after CUDA starts breaks CUDA, and a model per prefork child cannot batch).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from worker.jobs import QUEUES, TASK_NAME
+from worker.settings import Settings, get_settings
+
+
+def create_app(settings: Settings) -> Celery:
+    app = Celery("whisperfleet", broker=settings.redis_url, include=["worker.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,  # results live in object storage, state in the job record
+        # Ack only after the result and the record are durable; a worker killed mid-job
+        # leaves its message to be redelivered (the result put is conditional, so this is safe).
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue=QUEUES[0],
+        task_routes={TASK_NAME: {"queue": QUEUES[0]}},
+        # Always look at `interactive` before `bulk` (kombu's default rotates between them).
+        broker_transport_options={"queue_order_strategy": "priority"},
+        broker_connection_retry_on_startup=True,
+        worker_pool="threads",
+        worker_concurrency=settings.worker_concurrency,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+app = create_app(get_settings())

@@ -1,0 +1,167 @@
+"""`whisperfleet`: run the stack or one of its parts, or transcribe files locally."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from worker.settings import get_settings
+
+
+def _stack(args: argparse.Namespace) -> int:
+    """Redis and storage if missing, then the API and a worker; Ctrl-C stops them all."""
+    from worker.embedded import ensure_redis, ensure_storage
+
+    settings = get_settings()
+    children: list[tuple[str, subprocess.Popen]] = []
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        redis_proc = ensure_redis(settings, start=True)
+        if redis_proc is not None:
+            children.append(("redis", redis_proc))
+        storage_proc = ensure_storage(settings, start=True)
+        if storage_proc is not None:
+            children.append(("storage", storage_proc))
+        cli = [sys.executable, "-m", "worker.cli"]
+        children.append(("worker", subprocess.Popen([*cli, "worker"])))
+        children.append(
+            ("api", subprocess.Popen([*cli, "api", "--host", args.host, "--port", str(args.port)]))
+        )
+        print(
+            f"whisperfleet: API on http://{args.host}:{args.port} (docs at /docs), "
+            f"storage {settings.s3_endpoint_url}, Redis {settings.redis_url}. Ctrl-C stops it.",
+            flush=True,
+        )
+        while True:
+            for name, proc in children:
+                if proc.poll() is not None:
+                    print(f"whisperfleet: {name} exited with {proc.returncode}", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        # Shut down once, in order, even if Ctrl-C is pressed again meanwhile.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for _, proc in reversed(children):
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc in children:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from worker.embedded import ensure_redis
+
+    ensure_redis(get_settings(), start=False)
+    uvicorn.run("api.main:app", host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from worker.embedded import ensure_redis, ensure_storage
+
+    settings = get_settings()
+    ensure_redis(settings, start=False)
+    ensure_storage(settings, start=False)
+    from worker.tasks import app, transcribe
+
+    # Load (and on first use convert) the default model before taking jobs.
+    transcribe.engines.get(settings.default_model)
+    concurrency = args.concurrency or settings.worker_concurrency
+    app.worker_main(
+        [
+            "worker",
+            "--loglevel=INFO",
+            "--pool=threads",
+            f"--concurrency={concurrency}",
+            "--queues=interactive,bulk",
+            f"--hostname=whisperfleet@{socket.gethostname()}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+    return 0
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from engine.audio import AudioError
+    from engine.decoding import DecodingOptions, OptionsError
+    from engine.transcribe import Transcriber
+
+    settings = get_settings()
+    source = settings.models.get(args.model, args.model)
+    transcriber = Transcriber.load(
+        source, device=args.device, cache_dir=settings.cache_dir, name=args.model
+    )
+    options = DecodingOptions(task=args.task, language=args.language)
+    failed = 0
+    for path in tqdm(args.files, unit="file", disable=len(args.files) < 2, file=sys.stderr):
+        try:
+            result = transcriber.transcribe(Path(path).read_bytes(), options)
+        except (OSError, AudioError, OptionsError) as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        if args.format == "json":
+            print(json.dumps(result.to_dict(), ensure_ascii=False))
+        else:
+            print(f"{path}: {result.text}" if len(args.files) > 1 else result.text)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="whisperfleet", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("stack", help="API + worker (+ embedded Redis and storage) for local use")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=_stack)
+
+    p = sub.add_parser("api", help="the REST API alone")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=_api)
+
+    p = sub.add_parser("worker", help="one worker process (one per GPU)")
+    p.add_argument("--concurrency", type=int, help="jobs in flight (default from settings)")
+    p.set_defaults(func=_worker)
+
+    p = sub.add_parser("transcribe", help="transcribe files here, without the queue")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--model", default=get_settings().default_model)
+    p.add_argument("--language", help="ISO 639-1 code; omit to detect (multilingual models)")
+    p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA if present)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=_transcribe)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The job contract: record, states, storage keys and queues, kept in Redis.
+
+Light on purpose (no torch, no FastAPI): the API writes records, the worker moves them.
+States: queued -> running -> succeeded | failed, plus cancelled; a record in a terminal state
+never changes again. Transitions are compare-and-set (WATCH/MULTI), so two deliveries of one
+message cannot both move a job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal
+
+import redis
+from pydantic import BaseModel, Field
+
+QUEUES = ("interactive", "bulk")  # consumed in this order: interactive work goes first
+TASK_NAME = "whisperfleet.transcribe"
+DEFAULT_TENANT = "default"
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.queued: frozenset({JobStatus.running, JobStatus.failed, JobStatus.cancelled}),
+    # running -> running: a redelivery after a worker died mid-job starts a new attempt;
+    # running -> queued: a transient error, retried later
+    JobStatus.running: frozenset(
+        {
+            JobStatus.running,
+            JobStatus.queued,
+            JobStatus.succeeded,
+            JobStatus.failed,
+            JobStatus.cancelled,
+        }
+    ),
+}
+
+
+class JobError(BaseModel):
+    code: str  # e.g. invalid_audio, unknown_model, poison, internal
+    message: str
+
+
+class JobInput(BaseModel):
+    kind: Literal["audio", "spectrogram"]
+    bytes: int
+    filename: str | None = None  # as the client named it; never used in a storage key
+    format: str  # container as sniffed from the header: wav, flac, ogg, mp3, npy
+
+
+class JobOptions(BaseModel):
+    language: str | None = None  # ISO 639-1; None: detect
+    task: Literal["transcribe", "translate"] = "transcribe"
+
+
+class Progress(BaseModel):
+    done_s: float = 0.0
+    total_s: float | None = None
+
+
+class JobRecord(BaseModel):
+    id: str
+    tenant: str = DEFAULT_TENANT
+    status: JobStatus = JobStatus.queued
+    model: str
+    options: JobOptions = Field(default_factory=JobOptions)
+    priority: Literal["interactive", "bulk"] = "interactive"
+    input: JobInput
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: int = 0
+    progress: Progress = Field(default_factory=Progress)
+    error: JobError | None = None
+
+    @property
+    def input_key(self) -> str:
+        return input_key(self.tenant, self.id)
+
+    @property
+    def result_key(self) -> str:
+        return result_key(self.tenant, self.id)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def input_key(tenant: str, job_id: str) -> str:
+    return f"jobs/{tenant}/{job_id}/input"
+
+
+def result_key(tenant: str, job_id: str) -> str:
+    return f"jobs/{tenant}/{job_id}/result.json"
+
+
+class TransitionError(RuntimeError):
+    """The job is not in a state that allows the requested move."""
+
+
+class JobStore:
+    """Job records as JSON strings under `whisperfleet:job:<id>`."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
+        self.redis = client
+        self.prefix = prefix
+
+    def _key(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def create(self, record: JobRecord) -> None:
+        if not self.redis.set(self._key(record.id), record.model_dump_json(), nx=True):
+            raise TransitionError(f"job {record.id} already exists")
+
+    def get(self, job_id: str) -> JobRecord | None:
+        raw = self.redis.get(self._key(job_id))
+        return JobRecord.model_validate_json(raw) if raw is not None else None
+
+    def transition(self, job_id: str, to: JobStatus, **changes) -> JobRecord:
+        """Move a job to `to` and apply `changes`, atomically; raise if not allowed."""
+        key = self._key(job_id)
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    if raw is None:
+                        raise TransitionError(f"job {job_id} does not exist")
+                    record = JobRecord.model_validate_json(raw)
+                    if to not in TRANSITIONS.get(record.status, frozenset()):
+                        raise TransitionError(f"job {job_id} is {record.status}, cannot be {to}")
+                    now = datetime.now(UTC)
+                    updated = record.model_copy(update={"status": to, **changes})
+                    if to is JobStatus.running:
+                        updated = updated.model_copy(
+                            update={"started_at": now, "attempts": record.attempts + 1}
+                        )
+                    elif to in TERMINAL:
+                        updated = updated.model_copy(update={"finished_at": now})
+                    pipe.multi()
+                    pipe.set(key, updated.model_dump_json())
+                    pipe.execute()
+                    return updated
+                except redis.WatchError:
+                    continue

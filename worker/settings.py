@@ -1,0 +1,80 @@
+"""The one settings object, read from `WHISPERFLEET_*` environment variables.
+
+Light on purpose (no torch, no FastAPI): the API and the worker both import it. Celery's own
+configuration is derived from it in `worker.app`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlparse
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "whisperfleet"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WHISPERFLEET_", extra="ignore")
+
+    # Broker and job records. The default is the local Redis, which `whisperfleet stack`
+    # starts when nothing answers there and redis-server is installed.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Object storage. The default is the embedded moto S3 server that `whisperfleet stack`
+    # starts on this port when nothing answers there (in memory: gone when the stack stops).
+    s3_endpoint_url: str = "http://127.0.0.1:9000"
+    s3_bucket: str = "whisperfleet"
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = "whisperfleet"
+    s3_secret_access_key: str = "whisperfleet"
+
+    # Models clients may ask for: "name" for the packaged weights (tiny.en, base) or
+    # "name=source" where source is a local Hugging Face / CTranslate2 directory or a hub id.
+    models: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"tiny.en": "tiny.en", "base": "base"}
+    )
+    default_model: str = "tiny.en"
+    max_upload_bytes: int = 200 * 1024 * 1024
+
+    # Worker: "auto" picks CUDA when present. Threads in flight per worker process.
+    device: str = "auto"
+    worker_concurrency: int = 2
+    max_attempts: int = 5  # starts of one job before it is failed as poison
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _parse_models(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        models = {}
+        for entry in filter(None, (e.strip() for e in value.split(","))):
+            name, _, source = entry.partition("=")
+            models[name.strip()] = source.strip() or name.strip()
+        return models
+
+    @field_validator("default_model")
+    @classmethod
+    def _known_default(cls, value: str, info) -> str:
+        models = info.data.get("models") or {}
+        if models and value not in models:
+            raise ValueError(f"default_model {value!r} is not in models ({', '.join(models)})")
+        return value
+
+    @property
+    def redis_is_local(self) -> bool:
+        return urlparse(self.redis_url).hostname in ("127.0.0.1", "localhost", "::1")
+
+    @property
+    def storage_is_local(self) -> bool:
+        return urlparse(self.s3_endpoint_url).hostname in ("127.0.0.1", "localhost", "::1")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

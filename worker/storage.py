@@ -1,0 +1,119 @@
+"""S3-compatible object storage through boto3: job inputs in, results out.
+
+Results are written once with a conditional put (`If-None-Match: *`): a second delivery of the
+same job can never replace a stored result with a different one.
+"""
+
+from __future__ import annotations
+
+import boto3
+from botocore.client import BaseClient
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from worker.settings import Settings
+
+# S3 refuses multipart parts below 5 MiB (except the last one).
+PART_SIZE = 8 * 1024 * 1024
+
+
+class Storage:
+    def __init__(self, settings: Settings):
+        self.bucket = settings.s3_bucket
+        self.client: BaseClient = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            aws_access_key_id=settings.s3_access_key_id,
+            aws_secret_access_key=settings.s3_secret_access_key,
+            config=Config(
+                retries={"max_attempts": 3, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=60,
+                s3={"addressing_style": "path"},
+            ),
+        )
+
+    def ensure_bucket(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            if e.response["Error"]["Code"] not in ("404", "NoSuchBucket"):
+                raise
+            self.client.create_bucket(Bucket=self.bucket)
+
+    def ping(self) -> None:
+        self.client.head_bucket(Bucket=self.bucket)
+
+    def get(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def put_once(self, key: str, data: bytes, content_type: str) -> bool:
+        """Write `key` unless it exists. True if this call wrote it."""
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, ContentType=content_type, IfNoneMatch="*"
+            )
+        except ClientError as e:
+            if e.response["Error"]["Code"] in ("PreconditionFailed", "412"):
+                return False
+            raise
+        return True
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def writer(self, key: str) -> ObjectWriter:
+        return ObjectWriter(self, key)
+
+
+class ObjectWriter:
+    """Stream bytes into one object: a single put when small, a multipart upload otherwise."""
+
+    def __init__(self, storage: Storage, key: str):
+        self.storage, self.key = storage, key
+        self.buffer = bytearray()
+        self.upload_id: str | None = None
+        self.parts: list[dict] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        self.size += len(data)
+        if len(self.buffer) >= PART_SIZE:
+            self._flush_part()
+
+    def _flush_part(self) -> None:
+        client, bucket = self.storage.client, self.storage.bucket
+        if self.upload_id is None:
+            self.upload_id = client.create_multipart_upload(Bucket=bucket, Key=self.key)["UploadId"]
+        number = len(self.parts) + 1
+        part = client.upload_part(
+            Bucket=bucket,
+            Key=self.key,
+            UploadId=self.upload_id,
+            PartNumber=number,
+            Body=bytes(self.buffer),
+        )
+        self.parts.append({"PartNumber": number, "ETag": part["ETag"]})
+        self.buffer.clear()
+
+    def close(self) -> None:
+        client, bucket = self.storage.client, self.storage.bucket
+        if self.upload_id is None:
+            client.put_object(Bucket=bucket, Key=self.key, Body=bytes(self.buffer))
+            return
+        if self.buffer:
+            self._flush_part()
+        client.complete_multipart_upload(
+            Bucket=bucket,
+            Key=self.key,
+            UploadId=self.upload_id,
+            MultipartUpload={"Parts": self.parts},
+        )
+
+    def abort(self) -> None:
+        if self.upload_id is not None:
+            self.storage.client.abort_multipart_upload(
+                Bucket=self.storage.bucket, Key=self.key, UploadId=self.upload_id
+            )
