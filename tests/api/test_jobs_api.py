@@ -1,0 +1,168 @@
+"""The REST API in-process against the real Redis and a real S3 endpoint, no worker."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import redis
+import soundfile as sf
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from worker.jobs import JobStatus, JobStore
+from worker.storage import Storage
+
+
+@pytest.fixture
+def client(settings):
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def queued_messages(settings, queue="interactive") -> list[dict]:
+    return [json.loads(m) for m in redis.Redis.from_url(settings.redis_url).lrange(queue, 0, -1)]
+
+
+def submit(client, data: bytes, filename="clip.flac", **fields):
+    return client.post("/v1/jobs", files={"file": (filename, data)}, data=fields)
+
+
+def assert_error(response, status: int, code: str, *words: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code
+    for word in words:
+        assert word in error["message"]
+
+
+def test_submit_stores_input_records_job_and_queues_it(client, settings, clips):
+    clip = clips["en_jfk"]
+    response = submit(client, clip.bytes, "my talk.flac", model="tiny.en", language="EN")
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["status"] == "queued" and job["model"] == "tiny.en" and job["attempts"] == 0
+    assert job["options"] == {"language": "en", "task": "transcribe"}
+    assert job["input"] == {
+        "kind": "audio",
+        "bytes": len(clip.bytes),
+        "filename": "my talk.flac",
+        "format": "flac",
+    }
+    stored = Storage(settings).get(f"jobs/default/{job['id']}/input")
+    assert stored == clip.bytes
+    assert (
+        JobStore(redis.Redis.from_url(settings.redis_url)).get(job["id"]).status is JobStatus.queued
+    )
+    (message,) = queued_messages(settings)
+    assert message["headers"]["task"] == "whisperfleet.transcribe"
+    assert job["id"] in message["headers"]["argsrepr"]
+    assert client.get(f"/v1/jobs/{job['id']}").json() == job
+
+
+def test_bulk_priority_goes_to_the_bulk_queue(client, settings, clips):
+    assert submit(client, clips["en_jfk"].bytes, priority="bulk").status_code == 202
+    assert len(queued_messages(settings, "bulk")) == 1 and not queued_messages(settings)
+
+
+def test_result_before_success_is_not_ready(client, clips):
+    job = submit(client, clips["en_jfk"].bytes).json()
+    assert_error(client.get(f"/v1/jobs/{job['id']}/result"), 409, "not_ready", "queued")
+
+
+def test_unknown_job_is_not_found(client):
+    assert_error(client.get("/v1/jobs/nope"), 404, "not_found", "nope")
+    assert_error(client.get("/v1/jobs/nope/result"), 404, "not_found")
+
+
+def _wav(seconds: float) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(int(16000 * seconds), np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "data, status, code, words",
+    [
+        (b"", 422, "invalid_audio", ["empty", "expected WAV, FLAC, OGG or MP3"]),
+        (b"%PDF-1.7 this is a document, not a recording", 422, "invalid_audio", ["not audio"]),
+        (b"\x00\x00\x00\x20ftypM4A \x00\x00\x02\x00isomiso2", 422, "invalid_audio", ["MP4"]),
+        (b"\x1a\x45\xdf\xa3\x9f\x42\x86\x81\x01\x42\xf7\x81", 422, "invalid_audio", ["WEBM"]),
+        (b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'", 422, "invalid_spectrogram", ["not supported"]),
+    ],
+)
+def test_bad_uploads_are_refused_and_nothing_is_queued(client, settings, data, status, code, words):
+    response = submit(client, data)
+    assert_error(response, status, code, *words)
+    assert not queued_messages(settings)
+
+
+def test_over_the_size_cap_is_too_large(client, settings):
+    big = _wav(70)  # 2.2 MB of WAV against a 2 MiB cap
+    assert len(big) > settings.max_upload_bytes
+    assert_error(submit(client, big, "long.wav"), 413, "too_large", str(settings.max_upload_bytes))
+    assert not queued_messages(settings)
+
+
+def test_size_cap_holds_without_content_length(client, settings):
+    big = _wav(70)
+    boundary = "xyz"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        ).encode()
+        + big
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+
+    def chunks():
+        for i in range(0, len(body), 65536):
+            yield body[i : i + 65536]
+
+    response = client.post(
+        "/v1/jobs",
+        content=chunks(),
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert_error(response, 413, "too_large")
+
+
+@pytest.mark.parametrize(
+    "fields, code, words",
+    [
+        ({"model": "large-v9"}, "unknown_model", ["large-v9", "tiny.en, base"]),
+        ({"model": "/etc/passwd"}, "unknown_model", ["available"]),
+        ({"language": "klingon"}, "invalid_option", ["ISO 639-1"]),
+        ({"task": "summarize"}, "invalid_option", ["transcribe or translate"]),
+        ({"priority": "urgent"}, "invalid_option", ["interactive or bulk"]),
+        ({"langauge": "en"}, "invalid_request", ["unknown form field 'langauge'"]),
+    ],
+)
+def test_bad_options_are_refused_and_the_upload_removed(
+    client, settings, clips, fields, code, words
+):
+    response = submit(client, clips["en_jfk"].bytes, **fields)
+    assert_error(response, 422, code, *words)
+    assert not queued_messages(settings)
+    listing = Storage(settings).client.list_objects_v2(Bucket=settings.s3_bucket)
+    assert listing.get("KeyCount", 0) == 0
+
+
+def test_missing_file_and_wrong_content_type(client):
+    assert_error(client.post("/v1/jobs", data={"model": "tiny.en"}), 422, "invalid_request", "file")
+    assert_error(client.post("/v1/jobs", json={"file": "x"}), 422, "invalid_request", "multipart")
+
+
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"redis": "ok", "storage": "ok"}
+
+
+def test_readiness_reports_unreachable_storage(settings):
+    broken = settings.model_copy(update={"s3_endpoint_url": "http://127.0.0.1:9"})
+    with TestClient(create_app(broken)) as c:
+        response = c.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["redis"] == "ok"
+    assert response.json()["checks"]["storage"].startswith("error")

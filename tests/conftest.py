@@ -1,0 +1,151 @@
+"""Shared fixtures: real clips, the real Redis, a real S3 endpoint (moto's server), real weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from worker.settings import Settings
+
+DATA = Path(__file__).parent / "data"
+REDIS_URL = os.environ.get("WHISPERFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+        for item in items:
+            if "requires_cuda" in item.keywords:
+                item.add_marker(skip)
+
+
+@dataclass(frozen=True)
+class Clip:
+    path: Path
+    reference: str
+    language: str
+    duration: float
+
+    @property
+    def bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+
+@pytest.fixture(scope="session")
+def clips() -> dict[str, Clip]:
+    """The test clips by file stem, e.g. clips["en_jfk"]."""
+    out = {}
+    for line in (DATA / "manifest.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        path = DATA / entry["file"]
+        out[path.stem] = Clip(path, entry["reference"], entry["language"], entry["duration_s"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def english_clips(clips) -> list[Clip]:
+    return [c for c in clips.values() if c.language == "en"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on port {port} after {timeout} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server as a real HTTP endpoint, in its own process."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_port(port, proc)
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+def _redis_db(db: int) -> str:
+    url = f"{REDIS_URL}/{db}"
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.ConnectionError as e:
+        pytest.fail(f"the tests need a real Redis at {REDIS_URL} ({e}); start redis-server")
+    client.flushdb()
+    return url
+
+
+@pytest.fixture
+def settings(s3_endpoint, tmp_path_factory) -> Settings:
+    """Settings on Redis db 14 (flushed) and a fresh bucket, for in-process tests."""
+    return Settings(
+        redis_url=_redis_db(14),
+        s3_endpoint_url=s3_endpoint,
+        s3_bucket=f"test-{uuid.uuid4().hex[:12]}",
+        max_upload_bytes=2 * 1024 * 1024,
+    )
+
+
+@pytest.fixture(scope="session")
+def stack_env(s3_endpoint) -> dict[str, str]:
+    """Environment for real API and worker processes: Redis db 15, its own bucket."""
+    return {
+        **os.environ,
+        "WHISPERFLEET_REDIS_URL": _redis_db(15),
+        "WHISPERFLEET_S3_ENDPOINT_URL": s3_endpoint,
+        "WHISPERFLEET_S3_BUCKET": f"e2e-{uuid.uuid4().hex[:12]}",
+        "WHISPERFLEET_MAX_UPLOAD_BYTES": str(4 * 1024 * 1024),
+        "WHISPERFLEET_DEVICE": "cpu",
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_en():
+    from engine.transcribe import Transcriber
+
+    return Transcriber.load("tiny.en", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def base():
+    from engine.transcribe import Transcriber
+
+    return Transcriber.load("base", device="cpu")

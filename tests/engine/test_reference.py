@@ -1,0 +1,81 @@
+"""The engine against its references, fp32 on CPU, same converted weights:
+plain transformers `generate` (greedy) and CTranslate2 on the original packaged directory."""
+
+import pytest
+import torch
+from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+from engine.audio import decode_audio
+from engine.decoding import DecodingOptions
+from engine.loader import PACKAGED, _package_file
+from engine.wer import word_error_rate
+
+ENGLISH = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
+
+
+def features(clip, n_mels=80) -> torch.Tensor:
+    audio = decode_audio(clip.bytes)
+    extractor = WhisperFeatureExtractor(feature_size=n_mels)
+    return extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+
+
+@pytest.fixture(scope="module")
+def hf_tiny_en(tiny_en):
+    return WhisperForConditionalGeneration.from_pretrained(tiny_en.loaded.path, dtype=torch.float32)
+
+
+def test_tiny_en_tokens_equal_transformers_greedy(tiny_en, hf_tiny_en, clips):
+    for name in ENGLISH:
+        mel = features(clips[name])
+        expected = hf_tiny_en.generate(mel)[0].tolist()
+        expected = [t for t in expected if t < tiny_en.loaded.tokenizer.eot]
+        ours = tiny_en.transcribe(clips[name].bytes)
+        assert ours.segments[0].tokens == expected, name
+
+
+def test_base_tokens_and_language_equal_transformers(base, clips):
+    hf = WhisperForConditionalGeneration.from_pretrained(base.loaded.path, dtype=torch.float32)
+    for name in ("en_jfk", "fr_fleurs_000"):
+        mel = features(clips[name])
+        expected = hf.generate(mel)[0].tolist()
+        ours = base.transcribe(clips[name].bytes)
+        assert ours.language == clips[name].language
+        assert ours.segments[0].tokens == [t for t in expected if t < base.loaded.tokenizer.eot]
+
+
+def _ctranslate2_tokens(model_dir, mel, prompt) -> list[int]:
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    model = ctranslate2.models.Whisper(str(model_dir), device="cpu", compute_type="float32")
+    result = model.generate(
+        ctranslate2.StorageView.from_array(mel.numpy()), [prompt], beam_size=1, max_length=448
+    )
+    return result[0].sequences_ids[0]
+
+
+def test_converted_tiny_en_equals_ctranslate2_on_the_original(tiny_en, clips):
+    original = _package_file(*PACKAGED["tiny.en"][0]).parent
+    tok = tiny_en.loaded.tokenizer
+    for name in ENGLISH:
+        mel = features(clips[name])
+        expected = _ctranslate2_tokens(original, mel, [tok.sot, tok.no_timestamps])
+        assert tiny_en.decode_windows(mel, [30.0])[0].segments[0].tokens == expected, name
+
+
+def test_converted_base_equals_ctranslate2_on_the_joined_original(base, clips, tmp_path):
+    parts = [_package_file(*part) for part in PACKAGED["base"]]
+    with open(tmp_path / "model.bin", "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        (tmp_path / name).write_bytes((parts[0].parent / name).read_bytes())
+    tok = base.loaded.tokenizer
+    mel = features(clips["fr_fleurs_000"])
+    prompt = tok.sot_sequence("fr", "transcribe")
+    expected = _ctranslate2_tokens(tmp_path, mel, prompt)
+    ours = base.decode_windows(mel, [30.0], DecodingOptions(language="fr"))[0]
+    assert ours.segments[0].tokens == expected
+
+
+def test_tiny_en_word_error_rate_on_clean_speech(tiny_en, english_clips):
+    hypotheses = [r.text for r in tiny_en.transcribe_batch([c.bytes for c in english_clips])]
+    assert word_error_rate([c.reference for c in english_clips], hypotheses) <= 0.10

@@ -1,0 +1,176 @@
+"""The whole path with real processes: uvicorn serving the API, a Celery worker process,
+moto's S3 server and the real Redis. Real weights (tiny.en), real speech."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import psutil
+import pytest
+
+from engine.wer import word_error_rate
+from tests.conftest import free_port, stop, wait_for_port
+
+pytestmark = pytest.mark.slow
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="session")
+def api_url(stack_env, tmp_path_factory):
+    """`whisperfleet api` and `whisperfleet worker` as separate processes."""
+    logs = tmp_path_factory.mktemp("stack")
+    port = free_port()
+    cli = [sys.executable, "-m", "worker.cli"]
+    with open(logs / "worker.log", "w") as wlog, open(logs / "api.log", "w") as alog:
+        worker = subprocess.Popen([*cli, "worker"], env=stack_env, stdout=wlog, stderr=wlog)
+        api = subprocess.Popen(
+            [*cli, "api", "--port", str(port)], env=stack_env, stdout=alog, stderr=alog
+        )
+    try:
+        wait_for_port(port, api)
+        yield f"http://127.0.0.1:{port}", worker
+    finally:
+        stop(api)
+        stop(worker)
+        for name in ("api.log", "worker.log"):
+            sys.stderr.write(f"--- {name} (tail)\n{(logs / name).read_text()[-3000:]}\n")
+
+
+def run_job(url: str, data: bytes, filename: str, timeout: float = 120.0, **fields) -> dict:
+    response = httpx.post(f"{url}/v1/jobs", files={"file": (filename, data)}, data=fields)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{url}/v1/jobs/{job_id}").json()
+        if job["status"] in TERMINAL:
+            return job
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} still {job['status']} after {timeout} s")
+
+
+def test_a_real_clip_is_transcribed_through_the_queue(api_url, clips):
+    url, _ = api_url
+    clip = clips["en_jfk"]
+    job = run_job(url, clip.bytes, "jfk.flac")
+    assert job["status"] == "succeeded", job
+    assert job["attempts"] == 1 and job["error"] is None
+    assert job["progress"] == {"done_s": clip.duration, "total_s": clip.duration}
+
+    result = httpx.get(f"{url}/v1/jobs/{job['id']}/result").json()
+    assert result["language"] == "en" and result["model"] == "tiny.en"
+    assert result["duration"] == pytest.approx(clip.duration, abs=0.01)
+    assert result["text"] == "".join(s["text"] for s in result["segments"]).strip()
+    assert word_error_rate([clip.reference], [result["text"]]) <= 0.10
+
+    text = httpx.get(f"{url}/v1/jobs/{job['id']}/result", params={"format": "text"})
+    assert text.headers["content-type"].startswith("text/plain")
+    assert text.text == result["text"] + "\n"
+
+
+def test_several_jobs_in_flight_all_finish(api_url, english_clips):
+    url, _ = api_url
+    ids = [
+        httpx.post(f"{url}/v1/jobs", files={"file": (c.path.name, c.bytes)}).json()["id"]
+        for c in english_clips
+    ]
+    deadline = time.monotonic() + 180
+    pending = set(ids)
+    while pending and time.monotonic() < deadline:
+        for job_id in list(pending):
+            if httpx.get(f"{url}/v1/jobs/{job_id}").json()["status"] == "succeeded":
+                pending.discard(job_id)
+        time.sleep(0.2)
+    assert not pending
+    texts = [httpx.get(f"{url}/v1/jobs/{i}/result").json()["text"] for i in ids]
+    assert word_error_rate([c.reference for c in english_clips], texts) <= 0.10
+
+
+def _truncated_flac(clip) -> bytes:
+    return clip.bytes[: len(clip.bytes) // 2]
+
+
+def _corrupt_wav(clip) -> bytes:
+    return b"RIFF\xff\xff\x00\x00WAVEfmt " + os.urandom(4000)
+
+
+def _forty_seconds(clip) -> bytes:
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(16000 * 40, np.float32), 16000, format="FLAC")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (_truncated_flac, ["could not decode", "expected WAV, FLAC, OGG or MP3"]),
+        (_corrupt_wav, ["could not decode"]),
+        (_forty_seconds, ["40.0 s long", "at most 30 s"]),
+    ],
+)
+def test_input_only_the_worker_can_judge_fails_that_job_with_a_reason(api_url, clips, make, words):
+    url, worker = api_url
+    job = run_job(url, make(clips["en_jfk"]), "bad.flac")
+    assert job["status"] == "failed", job
+    assert job["error"]["code"] == "invalid_audio"
+    for word in words:
+        assert word in job["error"]["message"]
+    assert job["finished_at"] is not None
+    result = httpx.get(f"{url}/v1/jobs/{job['id']}/result")
+    assert result.status_code == 409 and result.json()["error"]["code"] == "not_ready"
+    # the worker lives on and takes the next job
+    assert worker.poll() is None
+    assert run_job(url, clips["en_librispeech_1272-128104-0000"].bytes, "ok.flac")["status"] == (
+        "succeeded"
+    )
+
+
+def test_english_only_model_fails_a_translate_job_clearly(api_url, clips):
+    url, _ = api_url
+    job = run_job(url, clips["en_jfk"].bytes, "jfk.flac", task="translate")
+    assert job["status"] == "failed"
+    assert job["error"]["code"] == "invalid_option"
+    assert "multilingual" in job["error"]["message"]
+
+
+def test_stack_command_serves_and_stops_everything_on_ctrl_c(clips, stack_env, tmp_path):
+    """`whisperfleet stack` starts its own storage (nothing answers on its port), an API and a
+    worker; SIGINT stops every process it started."""
+    port, storage_port = free_port(), free_port()
+    env = {
+        **stack_env,
+        "WHISPERFLEET_REDIS_URL": "redis://127.0.0.1:6379/13",
+        "WHISPERFLEET_S3_ENDPOINT_URL": f"http://127.0.0.1:{storage_port}",
+        "WHISPERFLEET_S3_BUCKET": f"stack-{uuid.uuid4().hex[:8]}",
+    }
+    log = open(tmp_path / "stack.log", "w")
+    stack = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "stack", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        wait_for_port(port, stack, timeout=90)
+        children = psutil.Process(stack.pid).children(recursive=True)
+        assert len(children) >= 3  # storage, worker, api
+        job = run_job(f"http://127.0.0.1:{port}", clips["en_jfk"].bytes, "jfk.flac")
+        assert job["status"] == "succeeded", (tmp_path / "stack.log").read_text()[-3000:]
+        stack.send_signal(signal.SIGINT)
+        assert stack.wait(timeout=30) == 0
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        stop(stack)
+        log.close()

@@ -1,0 +1,28 @@
+import pytest
+from pydantic import ValidationError
+
+from worker.settings import Settings
+
+
+def test_defaults_are_the_embedded_stack(monkeypatch):
+    for var in ("REDIS_URL", "S3_ENDPOINT_URL", "MODELS", "DEFAULT_MODEL"):
+        monkeypatch.delenv(f"WHISPERFLEET_{var}", raising=False)
+    s = Settings()
+    assert s.redis_url == "redis://127.0.0.1:6379/0" and s.redis_is_local
+    assert s.s3_endpoint_url == "http://127.0.0.1:9000" and s.storage_is_local
+    assert s.models == {"tiny.en": "tiny.en", "base": "base"} and s.default_model == "tiny.en"
+
+
+def test_models_come_from_a_comma_list(monkeypatch):
+    monkeypatch.setenv("WHISPERFLEET_MODELS", "tiny.en, mine=/models/mine ,base")
+    monkeypatch.setenv("WHISPERFLEET_DEFAULT_MODEL", "mine")
+    s = Settings()
+    assert s.models == {"tiny.en": "tiny.en", "mine": "/models/mine", "base": "base"}
+    assert s.default_model == "mine"
+
+
+def test_default_model_must_be_served(monkeypatch):
+    monkeypatch.setenv("WHISPERFLEET_MODELS", "tiny.en")
+    monkeypatch.setenv("WHISPERFLEET_DEFAULT_MODEL", "base")
+    with pytest.raises(ValidationError, match="not in models"):
+        Settings()
