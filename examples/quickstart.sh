@@ -12,7 +12,7 @@ json() { python3 -c "import json, sys; print(json.load(sys.stdin)$1)"; }
 
 whisperfleet stack --port "$PORT" >"$LOG" 2>&1 &
 STACK=$!
-trap 'kill -INT $STACK 2>/dev/null; wait $STACK 2>/dev/null || true' EXIT
+trap 'kill -TERM $STACK 2>/dev/null; wait $STACK 2>/dev/null || true' EXIT
 
 printf 'starting the stack (log: %s) ' "$LOG"
 for _ in $(seq 180); do

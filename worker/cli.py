@@ -25,7 +25,10 @@ def _stack(args: argparse.Namespace) -> int:
     def stop(*_: object) -> None:
         raise KeyboardInterrupt
 
+    # Both stop the stack, also when started in the background (where SIGINT is inherited
+    # as ignored).
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         redis_proc = ensure_redis(settings, start=True)
         if redis_proc is not None:
