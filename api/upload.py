@@ -14,10 +14,20 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
-from worker.inputs import EXPECTED, Sniffed, sniff
+from worker.inputs import (
+    EXPECTED,
+    SPECTROGRAM_FORMS,
+    NpyHeader,
+    Sniffed,
+    SpectrogramHeaderError,
+    all_finite,
+    npy_header_length,
+    parse_npy_header,
+    sniff,
+)
 from worker.storage import ObjectWriter
 
-FORM_FIELDS = {"model", "language", "task", "priority", "input"}
+FORM_FIELDS = {"model", "language", "task", "priority", "input", "mode", "prompt"}
 SNIFF_BYTES = 16
 MAX_FIELD_BYTES = 1024
 
@@ -28,6 +38,7 @@ class Upload:
     filename: str | None = None
     size: int = 0
     sniffed: Sniffed | None = None
+    frames: int | None = None  # spectrogram frames, from the .npy header
 
 
 class _Parts:
@@ -70,11 +81,77 @@ class _Parts:
         self.events.append(("begin", (name, filename)))
 
 
-async def receive_upload(request: Request, writer: ObjectWriter, max_bytes: int) -> Upload:
+class _Inspector:
+    """Looks at the file part as it streams: names its kind from the first bytes, refuses
+    non-audio at once, and checks a .npy spectrogram's header, size and values as they pass."""
+
+    def __init__(self, max_frames: int):
+        self.max_frames = max_frames
+        self.head = bytearray()
+        self.sniffed: Sniffed | None = None
+        self.npy: NpyHeader | None = None
+        self.carry = b""  # a float split across chunks
+        self.size = 0
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.sniffed is None or (self.sniffed.format == "npy" and self.npy is None):
+            self.head += data[: 65536 + 12 - len(self.head)]
+            if self.sniffed is None and len(self.head) >= SNIFF_BYTES:
+                self.sniffed = _check_sniffed(bytes(self.head))
+            if self.sniffed is not None and self.sniffed.format == "npy":
+                self._header()
+                if self.npy is None:
+                    return
+                data = bytes(self.head[self.npy.offset :])
+            else:
+                return
+        if self.npy is not None:
+            data = self.carry + data
+            whole = len(data) - len(data) % self.npy.itemsize
+            if not all_finite(data[:whole], self.npy.dtype):
+                raise ApiError(
+                    422, "invalid_spectrogram", f"NaN or infinite values; {SPECTROGRAM_FORMS}"
+                )
+            self.carry = data[whole:]
+
+    def _header(self) -> None:
+        length = npy_header_length(bytes(self.head))
+        if length is None or len(self.head) < length:
+            if len(self.head) > 65536:
+                raise ApiError(
+                    422, "invalid_spectrogram", f"the .npy header is too long; {SPECTROGRAM_FORMS}"
+                )
+            return
+        try:
+            self.npy = parse_npy_header(bytes(self.head), self.max_frames)
+        except SpectrogramHeaderError as e:
+            raise ApiError(422, "invalid_spectrogram", str(e)) from e
+
+    def finish(self) -> Sniffed:
+        if self.size == 0:
+            raise ApiError(422, "invalid_audio", f"the file is empty; {EXPECTED}")
+        if self.sniffed is None:
+            self.sniffed = _check_sniffed(bytes(self.head))
+        if self.sniffed.format == "npy":
+            expected = None if self.npy is None else self.npy.offset + self.npy.nbytes
+            if expected != self.size:
+                raise ApiError(
+                    422,
+                    "invalid_spectrogram",
+                    f"{self.size} bytes, but the .npy header describes {expected}; the file is "
+                    f"truncated or padded; {SPECTROGRAM_FORMS}",
+                )
+        return self.sniffed
+
+
+async def receive_upload(
+    request: Request, writer: ObjectWriter, max_bytes: int, max_frames: int
+) -> Upload:
     """Parse the multipart body: the `file` part goes to `writer`, small fields are returned.
 
-    Raises ApiError (413 too_large, 422 invalid_audio / invalid_request) and aborts the
-    storage upload on any failure.
+    Raises ApiError (413 too_large, 422 invalid_audio / invalid_spectrogram / invalid_request)
+    and aborts the storage upload on any failure.
     """
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:
@@ -90,9 +167,9 @@ async def receive_upload(request: Request, writer: ObjectWriter, max_bytes: int)
     parts = _Parts()
     parser = MultipartParser(params[b"boundary"], parts.callbacks())
     upload = Upload()
+    inspector = _Inspector(max_frames)
     current: str | None = None
     value = bytearray()
-    head = bytearray()
     seen_file = False
     try:
         async for chunk in request.stream():
@@ -112,15 +189,11 @@ async def receive_upload(request: Request, writer: ObjectWriter, max_bytes: int)
                             f"unknown form field {current!r}; expected {known}",
                         )
                 elif kind == "data" and current == "file":
-                    upload.size += len(data)
-                    if upload.size > max_bytes:
+                    if inspector.size + len(data) > max_bytes:
                         raise ApiError(
                             413, "too_large", f"the file is over the limit of {max_bytes} bytes"
                         )
-                    if upload.sniffed is None:
-                        head += data[: SNIFF_BYTES - len(head)]
-                        if len(head) >= SNIFF_BYTES:
-                            upload.sniffed = _check_sniffed(bytes(head))
+                    inspector.feed(data)
                     await run_in_threadpool(writer.write, data)
                 elif kind == "data":
                     value += data
@@ -136,10 +209,8 @@ async def receive_upload(request: Request, writer: ObjectWriter, max_bytes: int)
             raise ApiError(
                 422, "invalid_request", "no `file` part: send the audio as form field `file`"
             )
-        if upload.size == 0:
-            raise ApiError(422, "invalid_audio", f"the file is empty; {EXPECTED}")
-        if upload.sniffed is None:
-            upload.sniffed = _check_sniffed(bytes(head))
+        upload.sniffed, upload.size = inspector.finish(), inspector.size
+        upload.frames = inspector.npy.frames if inspector.npy else None
         await run_in_threadpool(writer.close)
     except BaseException:
         await run_in_threadpool(writer.abort)
@@ -149,10 +220,6 @@ async def receive_upload(request: Request, writer: ObjectWriter, max_bytes: int)
 
 def _check_sniffed(head: bytes) -> Sniffed:
     sniffed = sniff(head)
-    if sniffed.format == "npy":
-        raise ApiError(
-            422, "invalid_spectrogram", "spectrogram (.npy) input is not supported yet; send audio"
-        )
     if not sniffed.supported:
         found = f"a {sniffed.format.upper()} file" if sniffed.format else "not audio"
         raise ApiError(422, "invalid_audio", f"the file is {found}; {EXPECTED}")

@@ -1,8 +1,11 @@
-"""Decode audio bytes to what Whisper hears: mono float32 at 16 kHz.
+"""Decode audio bytes to what Whisper hears: mono float32 at 16 kHz, block by block.
 
-libsndfile (through soundfile) reads WAV, FLAC, OGG/Vorbis/Opus and MP3 from memory. It
-quietly returns part of a truncated WAV, OGG or MP3, so those cases are checked here: a
-transcript of half a file must not pass for the transcript of the file.
+libsndfile (through soundfile) reads WAV, FLAC, OGG/Vorbis/Opus and MP3; PyAV (FFmpeg) reads
+the containers libsndfile cannot: M4A/AAC, MP4, WebM/Opus. Decoding is a stream of blocks, so a
+two-hour recording never sits in memory decoded: `Audio.blocks()` can be iterated as often as
+needed (the log-mel takes two passes over long audio). libsndfile quietly returns part of a
+truncated WAV, OGG or MP3; those cases are checked here, because a transcript of half a file
+must not pass for the transcript of the file.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import io
 import math
 import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import soundfile as sf
@@ -17,14 +23,24 @@ import torch
 import torch.nn.functional as F
 
 SAMPLE_RATE = 16000
-EXPECTED = "expected WAV, FLAC, OGG or MP3 audio"
+EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio"
+BLOCK_SECONDS = 30
+_AV_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2": "MP4", "matroska,webm": "WebM", "aac": "AAC"}
 
 
 class AudioError(ValueError):
     """The bytes are not audio the engine can decode; the message says why."""
 
 
-def _wav_declared_bytes(data: bytes) -> tuple[int, int] | None:
+@dataclass(frozen=True)
+class AudioInfo:
+    format: str  # container: WAV, FLAC, OGG, MP3 (libsndfile) or FFmpeg's name (PyAV)
+    sample_rate: int
+    channels: int
+    frames: int | None  # declared length in samples at `sample_rate`, when the file says
+
+
+def _wav_data_sizes(data: bytes) -> tuple[int, int] | None:
     """(declared, present) byte counts of a RIFF/WAVE `data` chunk, or None if not a WAV."""
     if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         return None
@@ -43,63 +59,189 @@ def _ogg_has_last_page(data: bytes) -> bool:
     return last >= 0 and len(data) > last + 5 and data[last + 5] & 0x04 != 0
 
 
-def _check_complete(data: bytes, info: sf._SoundFileInfo, frames_read: int) -> None:
-    wav = _wav_declared_bytes(data)
-    if wav is not None and wav[0] > wav[1] and wav[0] not in (0, 0xFFFFFFFF):
-        raise AudioError(f"truncated WAV: its data chunk declares {wav[0]} bytes, {wav[1]} present")
-    if info.format == "OGG" and not _ogg_has_last_page(data):
-        raise AudioError("truncated OGG: the stream ends without its final page")
-    if frames_read < info.frames:
-        raise AudioError(
-            f"truncated {info.format}: {info.frames} frames declared, {frames_read} decodable"
-        )
+class Audio:
+    """An encoded audio file held in memory, decoded on demand."""
+
+    def __init__(self, data: bytes):
+        if not data:
+            raise AudioError(f"the file is empty; {EXPECTED}")
+        self.data = data
+        self.backend, self.info = self._probe()
+
+    def _probe(self) -> tuple[str, AudioInfo]:
+        try:
+            i = sf.info(io.BytesIO(self.data))
+            info = AudioInfo(i.format, i.samplerate, i.channels, i.frames)
+            backend = "soundfile"
+        except (sf.LibsndfileError, RuntimeError) as libsndfile_error:
+            try:
+                info = self._probe_av()
+            except AudioError:
+                raise
+            except Exception as e:  # FFmpeg's errors vary by container; the message matters
+                raise AudioError(
+                    f"could not decode the audio ({libsndfile_error}; {e}); {EXPECTED}"
+                ) from e
+            backend = "av"
+        wav = _wav_data_sizes(self.data)
+        if wav is not None and wav[0] > wav[1] and wav[0] not in (0, 0xFFFFFFFF):
+            raise AudioError(
+                f"truncated WAV: its data chunk declares {wav[0]} bytes, {wav[1]} present"
+            )
+        if info.format == "OGG" and not _ogg_has_last_page(self.data):
+            raise AudioError("truncated OGG: the stream ends without its final page")
+        if info.sample_rate <= 0 or info.channels <= 0:
+            raise AudioError(f"the {info.format} file declares no sample rate or channels")
+        return backend, info
+
+    def _probe_av(self) -> AudioInfo:
+        import av
+
+        with av.open(io.BytesIO(self.data)) as container:
+            if not container.streams.audio:
+                raise AudioError(
+                    f"the {container.format.name} file has no audio stream; {EXPECTED}"
+                )
+            stream = container.streams.audio[0]
+            name = _AV_FORMATS.get(container.format.name, container.format.name.upper())
+            frames = None
+            # Containers with an index know their length; raw streams (ADTS AAC) only guess it.
+            if container.duration and name in ("MP4", "WebM"):  # microseconds
+                frames = round(container.duration * stream.rate / 1_000_000)
+            return AudioInfo(name, stream.rate, stream.codec_context.channels, frames)
+
+    @property
+    def format(self) -> str:
+        return self.info.format
+
+    def _source_blocks(self, block: int) -> Iterator[np.ndarray]:
+        """Mono float32 blocks at the file's own rate."""
+        if self.backend == "soundfile":
+            read = 0
+            try:
+                with sf.SoundFile(io.BytesIO(self.data)) as f:
+                    # f.read, not f.blocks: blocks pads a short read with zeros to the
+                    # declared length, which would hide truncation
+                    while len(b := f.read(block, dtype="float32", always_2d=True)):
+                        read += len(b)
+                        yield b.mean(axis=1) if b.shape[1] > 1 else b[:, 0]
+            except (sf.LibsndfileError, RuntimeError) as e:
+                raise AudioError(f"could not decode the audio ({e}); {EXPECTED}") from e
+            if read < self.info.frames:
+                raise AudioError(
+                    f"truncated {self.format}: {self.info.frames} frames declared, {read} decodable"
+                )
+            return
+        import av
+
+        read = 0
+        try:
+            with av.open(io.BytesIO(self.data)) as container:
+                stream = container.streams.audio[0]
+                # to float planar, same layout and rate: channels are averaged and rates
+                # resampled here, as for every other container
+                to_float = av.AudioResampler(format="fltp", layout=stream.layout, rate=stream.rate)
+                for frame in container.decode(stream):
+                    for converted in to_float.resample(frame):
+                        planes = converted.to_ndarray()  # (channels, n)
+                        read += planes.shape[1]
+                        yield planes.mean(axis=0)
+        except Exception as e:  # FFmpeg raises many kinds; all mean "undecodable"
+            raise AudioError(f"could not decode the {self.format} audio ({e}); {EXPECTED}") from e
+        if self.info.frames and read < 0.98 * self.info.frames:
+            raise AudioError(
+                f"truncated {self.format}: {self.info.frames} frames declared, {read} decodable"
+            )
+
+    def blocks(self, seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
+        """Mono float32 blocks at 16 kHz, about `seconds` long; the last may be shorter.
+
+        Raises AudioError (truncation, corrupt data, NaN) when it is found, mid-stream.
+        """
+        resampler = Resampler(self.info.sample_rate)
+        empty = True
+        for x in self._source_blocks(max(1, round(seconds * self.info.sample_rate))):
+            if not np.isfinite(x).all():
+                raise AudioError(f"the {self.format} file holds NaN or infinite samples")
+            empty = empty and len(x) == 0
+            out = resampler.push(x)
+            if len(out):
+                yield out
+        out = resampler.flush()
+        if len(out):
+            yield out
+        if empty:
+            raise AudioError(f"the {self.format} file holds no samples")
+
+    def decode(self) -> np.ndarray:
+        """The whole file, shape = (n_samples,): for clips, not for long recordings."""
+        return np.concatenate(list(self.blocks()))
+
+    @cached_property
+    def duration(self) -> float:
+        """Seconds of audio, counted by decoding if the file does not say."""
+        if self.info.frames is not None and self.backend == "soundfile":
+            return self.info.frames / self.info.sample_rate
+        return sum(len(b) for b in self.blocks()) / SAMPLE_RATE
 
 
 def decode_audio(data: bytes) -> np.ndarray:
-    """Decode a whole audio file held in memory.
+    """Decode a whole audio file held in memory to mono float32 at 16 kHz."""
+    return Audio(data).decode()
 
-    Returns:
-        shape = (n_samples,), float32 mono at 16 kHz, channels averaged.
-    Raises:
-        AudioError: empty, unreadable, truncated, silent-by-emptiness or non-finite input.
-    """
-    if not data:
-        raise AudioError(f"the file is empty; {EXPECTED}")
-    try:
-        info = sf.info(io.BytesIO(data))
-        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError) as e:
-        raise AudioError(f"could not decode the audio ({e}); {EXPECTED}") from e
-    _check_complete(data, info, len(samples))
-    if len(samples) == 0:
-        raise AudioError(f"the {info.format} file holds no samples")
-    if not np.isfinite(samples).all():
-        raise AudioError(f"the {info.format} file holds NaN or infinite samples")
-    mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
-    return resample(mono, rate, SAMPLE_RATE)
+
+class Resampler:
+    """Band-limited (windowed-sinc, Hann) resampling of a stream, as torchaudio's default
+    `resample`: pushing a signal in pieces gives the same samples as resampling it whole."""
+
+    ZEROS = 6  # sinc lobes on each side
+    ROLLOFF = 0.99  # cut off just below Nyquist
+
+    def __init__(self, orig_rate: int, new_rate: int = SAMPLE_RATE):
+        g = math.gcd(orig_rate, new_rate)
+        self.orig, self.new = orig_rate // g, new_rate // g
+        self.identity = self.orig == self.new
+        cutoff = min(self.orig, self.new) * self.ROLLOFF
+        self.width = math.ceil(self.ZEROS * self.orig / cutoff)
+        idx = torch.arange(-self.width, self.width + self.orig, dtype=torch.float64) / self.orig
+        t = (torch.arange(0, -self.new, -1, dtype=torch.float64)[:, None] / self.new + idx) * cutoff
+        t = t.clamp(-self.ZEROS, self.ZEROS)
+        window = torch.cos(t * math.pi / self.ZEROS / 2) ** 2
+        t = t * math.pi
+        sinc = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t)
+        self.kernels = (sinc * window * cutoff / self.orig).float()[:, None]  # (new, 1, taps)
+        self.buffer = np.zeros(self.width, np.float32)  # left zero padding, then input
+        self.n_in = self.n_out = 0
+
+    def _run(self, final: bool) -> np.ndarray:
+        taps = self.kernels.shape[-1]
+        if len(self.buffer) < taps:
+            return np.zeros(0, np.float32)
+        n_frames = (len(self.buffer) - taps) // self.orig + 1
+        used = (n_frames - 1) * self.orig + taps
+        x = torch.from_numpy(self.buffer[:used])[None, None]
+        y = F.conv1d(x, self.kernels, stride=self.orig).transpose(1, 2).reshape(-1).numpy()
+        self.buffer = self.buffer[n_frames * self.orig :]
+        if final:
+            y = y[: math.ceil(self.new * self.n_in / self.orig) - self.n_out]
+        self.n_out += len(y)
+        return y
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        if self.identity:
+            return np.ascontiguousarray(x, dtype=np.float32)
+        self.n_in += len(x)
+        self.buffer = np.concatenate([self.buffer, x.astype(np.float32, copy=False)])
+        return self._run(final=False)
+
+    def flush(self) -> np.ndarray:
+        if self.identity:
+            return np.zeros(0, np.float32)
+        self.buffer = np.concatenate([self.buffer, np.zeros(self.width + self.orig, np.float32)])
+        return self._run(final=True)
 
 
 def resample(audio: np.ndarray, orig_rate: int, new_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Band-limited (windowed-sinc, Hann) resampling, as torchaudio's default `resample`.
-
-    audio: shape = (n_samples,), float32; returns shape = (ceil(n_samples * new / orig),)
-    """
-    if orig_rate == new_rate:
-        return np.ascontiguousarray(audio, dtype=np.float32)
-    g = math.gcd(orig_rate, new_rate)
-    orig, new = orig_rate // g, new_rate // g
-    zeros = 6  # sinc lobes on each side
-    cutoff = min(orig, new) * 0.99  # roll off just below Nyquist
-    width = math.ceil(zeros * orig / cutoff)
-    idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
-    t = (torch.arange(0, -new, -1, dtype=torch.float64)[:, None, None] / new + idx) * cutoff
-    t = t.clamp(-zeros, zeros)
-    window = torch.cos(t * math.pi / zeros / 2) ** 2
-    t = t * math.pi
-    sinc = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t)
-    kernels = (sinc * window * cutoff / orig).float()  # (new, 1, 2 * width + orig)
-
-    x = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))
-    x = F.pad(x[None, None], (width, width + orig))
-    y = F.conv1d(x, kernels, stride=orig).transpose(1, 2).reshape(-1)
-    return y[: math.ceil(new * len(audio) / orig)].numpy()
+    """Resample a whole signal: shape = (n,) -> (ceil(n * new / orig),)."""
+    r = Resampler(orig_rate, new_rate)
+    return np.concatenate([r.push(audio), r.flush()])

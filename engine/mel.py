@@ -1,11 +1,14 @@
 """Whisper's log-mel spectrogram, numerically matching `WhisperFeatureExtractor`.
 
-Runs on whatever device the audio tensor is on. The filter bank is computed here (Slaney mel
-scale and area normalisation, as transformers' `mel_filter_bank`) rather than read from a file.
+Runs on whatever device the audio is on. The filter bank is computed here (Slaney mel scale and
+area normalisation, as transformers' `mel_filter_bank`) rather than read from a file. Long
+audio is turned into frames as a stream (`stream_log10_mel`): the frames equal those of the
+whole signal's centred STFT, without holding the signal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 
 import numpy as np
@@ -68,3 +71,58 @@ def log_mel_spectrogram(
     log_spec = torch.clamp(filters.T @ power, min=1e-10).log10()
     log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
     return (log_spec + 4.0) / 4.0
+
+
+def _log10_mel(segment: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """log10 mel power of every full STFT frame in `segment` (no centring, no clamp-to-max).
+
+    segment: shape = (n,), n >= N_FFT; returns shape = (n_mels, 1 + (n - N_FFT) // HOP_LENGTH)
+    """
+    window = torch.hann_window(N_FFT, device=segment.device)
+    stft = torch.stft(segment, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
+    filters = torch.from_numpy(mel_filters(n_mels)).to(segment.device, torch.float32)
+    return torch.clamp(filters.T @ (stft.abs() ** 2), min=1e-10).log10()
+
+
+def stream_log10_mel(
+    blocks: Iterable[np.ndarray], n_mels: int, device: torch.device | str = "cpu"
+) -> Iterator[torch.Tensor]:
+    """log10 mel frames of a 16 kHz sample stream, in pieces of shape (n_mels, k).
+
+    Equal to `torch.stft(center=True)` over the whole signal (reflect-padded at both ends),
+    less its last frame, as `WhisperFeatureExtractor` computes with `truncation=False`:
+    n_samples // HOP_LENGTH frames in all. The signal must be longer than N_FFT // 2 samples.
+    """
+    pad = N_FFT // 2
+    buffer: torch.Tensor | None = None
+    tail = torch.zeros(0, device=device)  # the last pad + 1 samples seen, for the right edge
+    total = emitted = 0
+
+    def frames(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = (len(buf) - N_FFT) // HOP_LENGTH + 1 if len(buf) >= N_FFT else 0
+        if n == 0:
+            return buf.new_zeros(n_mels, 0), buf
+        return _log10_mel(buf[: (n - 1) * HOP_LENGTH + N_FFT], n_mels), buf[n * HOP_LENGTH :]
+
+    started = False
+    for block in blocks:
+        x = torch.from_numpy(np.ascontiguousarray(block, dtype=np.float32)).to(device)
+        total += len(x)
+        tail = torch.cat([tail, x])[-(pad + 1) :]
+        buffer = x if buffer is None else torch.cat([buffer, x])
+        if not started:
+            if len(buffer) <= pad:
+                continue
+            buffer = torch.cat([buffer[1 : pad + 1].flip(0), buffer])  # reflect the left edge
+            started = True
+        out, buffer = frames(buffer)
+        if out.shape[1]:
+            out = out[:, : total // HOP_LENGTH - emitted]
+            emitted += out.shape[1]
+            yield out
+    if not started:
+        raise ValueError(f"{total} samples are too few for a centred STFT (need > {pad})")
+    out, _ = frames(torch.cat([buffer, tail[:-1].flip(0)]))  # reflect the right edge
+    out = out[:, : total // HOP_LENGTH - emitted]
+    if out.shape[1]:
+        yield out

@@ -1,38 +1,59 @@
-"""Transcribe audio with a loaded Whisper model: the engine's entry point.
+"""Transcribe audio or spectrograms of any length with a loaded Whisper model.
 
-A batch of clips (each at most one 30 s window) is encoded together, its cross-attention K/V
-projected once into cache slots, and greedy-decoded together.
+Every input becomes a request (`engine.longform`) that hands out 30 s windows; windows of all
+requests are batched together through the encoder (cross-attention K/V projected once per
+window into cache slots) and decoded together, each row with its own prompt and temperature.
+Temperature fallback re-decodes only the rows that need it, from the same slots.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import io
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from engine.audio import SAMPLE_RATE, AudioError, decode_audio
+from engine.audio import Audio
 from engine.decoding import (
-    DecodingOptions,
-    SuppressBlank,
-    SuppressTokens,
-    compression_ratio,
+    WindowResult,
+    build_filters,
+    decode,
     detect_language,
-    greedy_decode,
     suppressed_tokens,
 )
+from engine.inputs import (
+    MAX_SPECTROGRAM_FRAMES,
+    MelSource,
+    SpectrogramError,
+    audio_source,
+    spectrogram_source,
+)
 from engine.loader import LoadedModel, load_model
-from engine.mel import CHUNK_LENGTH, N_SAMPLES, log_mel_spectrogram
+from engine.longform import (
+    ChunkedRequest,
+    Request,
+    SequentialRequest,
+    TranscriptionOptions,
+    Window,
+)
 from engine.model import KVCache
-from engine.result import Segment, Transcription
+from engine.result import Transcription
+
+# bytes (an audio file or a .npy spectrogram), decoded 16 kHz samples (1-D), or a
+# spectrogram array (2-D or 3-D)
+Input = bytes | np.ndarray | Audio
+Progress = Callable[[int, float, float], None]  # (input index, seconds done, seconds in all)
 
 
 class Transcriber:
-    """One model on one device; `transcribe` takes audio bytes or 16 kHz float32 samples."""
+    """One model on one device."""
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, max_batch: int = 16):
         self.loaded = loaded
+        self.max_batch = max_batch  # windows per encoder batch
+        self.max_spectrogram_frames = MAX_SPECTROGRAM_FRAMES
 
     @classmethod
     def load(
@@ -45,91 +66,108 @@ class Transcriber:
     ) -> Transcriber:
         return cls(load_model(source, device, dtype, cache_dir, name))
 
+    def source(self, item: Input) -> MelSource:
+        """Validate and open one input; raises AudioError or SpectrogramError."""
+        m = self.loaded
+        if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
+            try:
+                item = np.load(io.BytesIO(item), allow_pickle=False)
+            except ValueError as e:
+                raise SpectrogramError(f"not a readable .npy array ({e})") from e
+        if isinstance(item, np.ndarray) and item.ndim >= 2:
+            return spectrogram_source(item, m.dims.n_mels, m.device, self.max_spectrogram_frames)
+        if isinstance(item, bytes):
+            item = Audio(item)
+        return audio_source(item, m.dims.n_mels, m.device)
+
     def transcribe(
-        self, audio: bytes | np.ndarray, options: DecodingOptions | None = None
+        self,
+        item: Input,
+        options: TranscriptionOptions | None = None,
+        progress: Progress | None = None,
     ) -> Transcription:
-        return self.transcribe_batch([audio], options)[0]
+        return self.transcribe_batch([item], options, progress)[0]
 
     @torch.inference_mode()
     def transcribe_batch(
-        self, audios: list[bytes | np.ndarray], options: DecodingOptions | None = None
+        self,
+        items: Sequence[Input],
+        options: TranscriptionOptions | None = None,
+        progress: Progress | None = None,
     ) -> list[Transcription]:
         m = self.loaded
-        options = (options or DecodingOptions()).verified(m.tokenizer)
-        samples = [decode_audio(a) if isinstance(a, bytes) else a for a in audios]
-        for s in samples:
-            if len(s) > N_SAMPLES:
-                raise AudioError(
-                    f"the audio is {len(s) / SAMPLE_RATE:.1f} s long; this engine transcribes "
-                    f"at most {CHUNK_LENGTH} s per clip (long-form audio is not supported yet)"
-                )
-        mel = torch.stack(
-            [log_mel_spectrogram(torch.from_numpy(s).to(m.device), m.dims.n_mels) for s in samples]
+        options = (options or TranscriptionOptions()).verified(m.tokenizer)
+        kind = SequentialRequest if options.mode == "sequential" else ChunkedRequest
+        requests = [kind(self.source(item), options, m.tokenizer) for item in items]
+        suppress = suppressed_tokens(m.tokenizer, m.suppress_tokens, options.suppress_tokens)
+        filters = build_filters(
+            m.tokenizer,
+            m.dims.n_vocab,
+            suppress,
+            options.suppress_blank,
+            options.max_initial_timestamp,
+            m.dims.n_audio_ctx,
+            m.device,
         )
-        return self.decode_windows(mel, [len(s) / SAMPLE_RATE for s in samples], options)
-
-    @torch.inference_mode()
-    def decode_windows(
-        self, mel: torch.Tensor, durations: list[float], options: DecodingOptions | None = None
-    ) -> list[Transcription]:
-        """Transcribe one 30 s window per row.
-
-        mel: shape = (batch, n_mels, 3000), log-mel features as `WhisperFeatureExtractor` gives
-        durations: seconds of audio in each window
-        """
-        m = self.loaded
-        options = (options or DecodingOptions()).verified(m.tokenizer)
-        device, batch = m.device, len(durations)
-        cache = KVCache.allocate(m.dims, batch, device, m.dtype)
-        slots = torch.arange(batch, device=device)
-        xa = m.model.encoder(mel.to(device=device, dtype=m.dtype))
-        m.model.project_cross_kv(xa, slots, cache)
-
-        tokenizer = m.tokenizer
-        if not tokenizer.is_multilingual:
-            languages, language_probs = ["en"] * batch, [None] * batch
-        elif options.language is None:
-            languages, language_probs = detect_language(m.model, cache, slots, tokenizer)
-        else:
-            languages, language_probs = [options.language] * batch, [None] * batch
-        prompts = [tokenizer.sot_sequence(lang, options.task) for lang in languages]
-        filters = [
-            SuppressTokens(
-                suppressed_tokens(tokenizer, m.suppress_tokens, options.suppress_tokens),
-                m.dims.n_vocab,
-                device,
-            )
-        ]
-        if options.suppress_blank:
-            filters.insert(0, SuppressBlank(tokenizer.encode(" ") + [tokenizer.eot], device))
+        generator = torch.Generator(m.device).manual_seed(options.seed)
         sample_len = options.sample_len or m.dims.n_text_ctx // 2
-        tokens, sum_logprobs, no_speech = greedy_decode(
-            m.model, cache, slots, prompts, tokenizer, filters, sample_len
-        )
 
-        results = []
-        for i, duration in enumerate(durations):
-            text = tokenizer.decode(tokens[i])
-            segment = Segment(
-                id=0,
-                start=0.0,
-                end=round(duration, 3),
-                text=text,
-                tokens=tokens[i],
-                avg_logprob=sum_logprobs[i] / (len(tokens[i]) + 1),
-                compression_ratio=compression_ratio(text),
-                no_speech_prob=no_speech[i],
-                temperature=0.0,
+        while not all(r.done for r in requests):
+            batch: list[tuple[Request, Window]] = []
+            for r in requests:
+                for window in r.ready():
+                    batch.append((r, window))
+                    if len(batch) == self.max_batch:
+                        break
+                if len(batch) == self.max_batch:
+                    break
+            results = self._decode(batch, options, filters, sample_len, generator)
+            for (r, window), result in zip(batch, results, strict=True):
+                r.accept(window, result)
+            if progress:
+                for i, r in enumerate(requests):
+                    progress(i, r.done_seconds, r.source.duration)
+        return [self._result(r, options) for r in requests]
+
+    def _decode(self, batch, options, filters, sample_len, generator) -> list[WindowResult]:
+        m = self.loaded
+        mel = torch.stack([w.mel for _, w in batch]).to(m.dtype)
+        cache = KVCache.allocate(m.dims, len(batch), m.device, m.dtype)
+        slots = torch.arange(len(batch), device=m.device)
+        m.model.project_cross_kv(m.model.encoder(mel), slots, cache)
+
+        undetected = [i for i, (r, _) in enumerate(batch) if r.language is None]
+        if undetected:
+            codes, probs = detect_language(m.model, cache, slots[undetected], m.tokenizer)
+            for i, code, prob in zip(undetected, codes, probs, strict=True):
+                r = batch[i][0]
+                if r.language is None:  # a request's first window decides
+                    r.language, r.language_probability = code, prob
+
+        results: list[WindowResult | None] = [None] * len(batch)
+        pending = list(range(len(batch)))
+        for temperature in options.temperature:
+            tasks = [batch[i][0].task(batch[i][1], temperature) for i in pending]
+            out = decode(
+                m.model, cache, slots[pending], tasks, m.tokenizer, filters, sample_len, generator
             )
-            results.append(
-                Transcription(
-                    text=text.strip(),
-                    language=languages[i],
-                    language_probability=language_probs[i],
-                    duration=round(duration, 3),
-                    segments=[segment],
-                    model=m.name,
-                    options=dataclasses.asdict(options),
-                )
-            )
+            for i, result in zip(pending, out, strict=True):
+                results[i] = result
+            pending = [
+                i for i, result in zip(pending, out, strict=True) if options.needs_fallback(result)
+            ]
+            if not pending:
+                break
         return results
+
+    def _result(self, r: Request, options: TranscriptionOptions) -> Transcription:
+        tokens = [t for s in r.segments for t in s.tokens]
+        return Transcription(
+            text=self.loaded.tokenizer.decode(tokens).strip(),
+            language=r.language or "en",
+            language_probability=r.language_probability,
+            duration=round(r.source.duration, 3),
+            segments=r.segments,
+            model=self.loaded.name,
+            options={k: v for k, v in options.__dict__.items()},
+        )

@@ -100,30 +100,33 @@ def _corrupt_wav(clip) -> bytes:
     return b"RIFF\xff\xff\x00\x00WAVEfmt " + os.urandom(4000)
 
 
-def _forty_seconds(clip) -> bytes:
+def _128_mel_spectrogram(clip) -> bytes:
+    """Well formed, so the API takes it; but tiny.en has 80 mel bins, which only the worker
+    knows."""
     import io
 
     import numpy as np
-    import soundfile as sf
 
     buf = io.BytesIO()
-    sf.write(buf, np.zeros(16000 * 40, np.float32), 16000, format="FLAC")
+    np.save(buf, np.zeros((128, 3000), np.float32))
     return buf.getvalue()
 
 
 @pytest.mark.parametrize(
-    "make, words",
+    "make, code, words",
     [
-        (_truncated_flac, ["could not decode", "expected WAV, FLAC, OGG or MP3"]),
-        (_corrupt_wav, ["could not decode"]),
-        (_forty_seconds, ["40.0 s long", "at most 30 s"]),
+        (_truncated_flac, "invalid_audio", ["could not decode", "expected WAV, FLAC, OGG, MP3"]),
+        (_corrupt_wav, "invalid_audio", ["could not decode"]),
+        (_128_mel_spectrogram, "invalid_spectrogram", ["shape [128, 3000]", "[80, 3000]"]),
     ],
 )
-def test_input_only_the_worker_can_judge_fails_that_job_with_a_reason(api_url, clips, make, words):
+def test_input_only_the_worker_can_judge_fails_that_job_with_a_reason(
+    api_url, clips, make, code, words
+):
     url, worker = api_url
     job = run_job(url, make(clips["en_jfk"]), "bad.flac")
     assert job["status"] == "failed", job
-    assert job["error"]["code"] == "invalid_audio"
+    assert job["error"]["code"] == code
     for word in words:
         assert word in job["error"]["message"]
     assert job["finished_at"] is not None
@@ -131,9 +134,60 @@ def test_input_only_the_worker_can_judge_fails_that_job_with_a_reason(api_url, c
     assert result.status_code == 409 and result.json()["error"]["code"] == "not_ready"
     # the worker lives on and takes the next job
     assert worker.poll() is None
-    assert run_job(url, clips["en_librispeech_1272-128104-0000"].bytes, "ok.flac")["status"] == (
-        "succeeded"
-    )
+    next_job = run_job(url, clips["en_librispeech_1272-128104-0000"].bytes, "ok.flac")
+    assert next_job["status"] == "succeeded"
+
+
+def test_a_spectrogram_job_gives_the_text_of_its_audio(api_url, clips):
+    import io
+
+    import numpy as np
+    from transformers import WhisperFeatureExtractor
+
+    from engine.audio import decode_audio
+
+    url, _ = api_url
+    clip = clips["en_jfk"]
+    mel = WhisperFeatureExtractor(feature_size=80)(
+        decode_audio(clip.bytes), sampling_rate=16000, return_tensors="np"
+    ).input_features
+    buf = io.BytesIO()
+    np.save(buf, mel)
+    from_mel = run_job(url, buf.getvalue(), "jfk.npy")
+    from_audio = run_job(url, clip.bytes, "jfk.flac")
+    assert from_mel["status"] == from_audio["status"] == "succeeded"
+    assert from_mel["input"]["kind"] == "spectrogram"
+    texts = [
+        httpx.get(f"{url}/v1/jobs/{j['id']}/result?format=text").text
+        for j in (from_mel, from_audio)
+    ]
+    assert texts[0] == texts[1]
+
+
+def test_long_audio_and_subtitle_formats(api_url, clips):
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from engine.audio import decode_audio
+
+    url, _ = api_url
+    names = ("en_jfk", "en_ljspeech_LJ050-0131", "en_jfk", "en_jfk")
+    audio = np.concatenate([decode_audio(clips[n].bytes) for n in names])
+    buf = io.BytesIO()
+    sf.write(buf, audio, 16000, format="OGG", subtype="VORBIS")
+    job = run_job(url, buf.getvalue(), "long.ogg", mode="chunked")
+    assert job["status"] == "succeeded", job
+    assert job["progress"]["done_s"] == pytest.approx(len(audio) / 16000, abs=0.05)
+    srt = httpx.get(f"{url}/v1/jobs/{job['id']}/result", params={"format": "srt"})
+    assert srt.headers["content-type"].startswith("application/x-subrip")
+    cues = srt.text.strip().split("\n\n")
+    assert len(cues) >= 4 and cues[0].startswith("1\n00:00:00,000 --> ")
+    vtt = httpx.get(f"{url}/v1/jobs/{job['id']}/result", params={"format": "vtt"}).text
+    assert vtt.startswith("WEBVTT\n\n00:00.000 --> ")
+    verbose = httpx.get(f"{url}/v1/jobs/{job['id']}/result?format=verbose_json").json()
+    assert verbose["language"] == "english" and verbose["segments"][-1]["end"] > 30
 
 
 def test_english_only_model_fails_a_translate_job_clearly(api_url, clips):

@@ -108,7 +108,8 @@ def _transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from engine.audio import AudioError
-    from engine.decoding import DecodingOptions, OptionsError
+    from engine.inputs import SpectrogramError
+    from engine.longform import OptionsError, TranscriptionOptions
     from engine.transcribe import Transcriber
 
     settings = get_settings()
@@ -116,12 +117,12 @@ def _transcribe(args: argparse.Namespace) -> int:
     transcriber = Transcriber.load(
         source, device=args.device, cache_dir=settings.cache_dir, name=args.model
     )
-    options = DecodingOptions(task=args.task, language=args.language)
+    options = TranscriptionOptions(task=args.task, language=args.language, mode=args.mode)
     failed = 0
     for path in tqdm(args.files, unit="file", disable=len(args.files) < 2, file=sys.stderr):
         try:
             result = transcriber.transcribe(Path(path).read_bytes(), options)
-        except (OSError, AudioError, OptionsError) as e:
+        except (OSError, AudioError, SpectrogramError, OptionsError) as e:
             print(f"{path}: {e}", file=sys.stderr)
             failed += 1
             continue
@@ -155,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=get_settings().default_model)
     p.add_argument("--language", help="ISO 639-1 code; omit to detect (multilingual models)")
     p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    p.add_argument(
+        "--mode",
+        choices=("sequential", "chunked"),
+        default="sequential",
+        help="long audio: sequential seek (reference) or independent chunks (faster)",
+    )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA if present)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=_transcribe)

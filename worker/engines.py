@@ -1,43 +1,72 @@
-"""The models one worker process serves, each loaded on first use and then kept."""
+"""The models one worker process serves: each loaded on first use, kept while the memory
+budget allows, the least recently used dropped first."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import OrderedDict
 
-from engine.decoding import DecodingOptions
+from engine.longform import TranscriptionOptions
 from engine.result import Transcription
-from engine.transcribe import Transcriber
+from engine.transcribe import Progress, Transcriber
 from worker.jobs import JobOptions
 from worker.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class UnknownModel(ValueError):
     pass
 
 
+def _model_bytes(t: Transcriber) -> int:
+    return sum(p.numel() * p.element_size() for p in t.loaded.model.parameters())
+
+
 class Engines:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self._loaded: dict[str, Transcriber] = {}
-        self._load_lock = threading.Lock()
-        # One transcription at a time per process: the engine keeps the device busy itself.
-        self._run_lock = threading.Lock()
+        self._loaded: OrderedDict[str, Transcriber] = OrderedDict()
+        # One transcription at a time per process: the engine keeps the device busy itself,
+        # and a model is never dropped while it runs.
+        self._lock = threading.Lock()
 
-    def get(self, name: str) -> Transcriber:
+    def _get(self, name: str) -> Transcriber:
         models = self.settings.models
         if name not in models:
             raise UnknownModel(f"unknown model {name!r}; available: {', '.join(models)}")
-        with self._load_lock:
-            if name not in self._loaded:
-                device = None if self.settings.device == "auto" else self.settings.device
-                self._loaded[name] = Transcriber.load(
-                    models[name], device=device, cache_dir=self.settings.cache_dir, name=name
-                )
+        if name in self._loaded:
+            self._loaded.move_to_end(name)
             return self._loaded[name]
+        device = None if self.settings.device == "auto" else self.settings.device
+        transcriber = Transcriber.load(
+            models[name], device=device, cache_dir=self.settings.cache_dir, name=name
+        )
+        transcriber.max_spectrogram_frames = self.settings.max_spectrogram_frames
+        budget, size = self.settings.model_memory_bytes, _model_bytes(transcriber)
+        while self._loaded and size + sum(map(_model_bytes, self._loaded.values())) > budget:
+            dropped, _ = self._loaded.popitem(last=False)
+            log.info("dropped model %s to keep within %d bytes", dropped, budget)
+        self._loaded[name] = transcriber
+        return transcriber
 
-    def transcribe(self, name: str, audio: bytes, options: JobOptions) -> Transcription:
-        transcriber = self.get(name)
-        with self._run_lock:
-            return transcriber.transcribe(
-                audio, DecodingOptions(task=options.task, language=options.language)
-            )
+    def get(self, name: str) -> Transcriber:
+        with self._lock:
+            return self._get(name)
+
+    @property
+    def loaded(self) -> list[str]:
+        return list(self._loaded)
+
+    def transcribe(
+        self, name: str, data: bytes, options: JobOptions, progress: Progress | None = None
+    ) -> Transcription:
+        engine_options = TranscriptionOptions(
+            task=options.task,
+            language=options.language,
+            mode=options.mode,
+            initial_prompt=options.prompt,
+        )
+        with self._lock:
+            return self._get(name).transcribe(data, engine_options, progress)

@@ -1,20 +1,24 @@
 """Recognise an upload from its first bytes, before any decoding.
 
-Light on purpose: the API uses it to refuse non-audio cheaply; the worker decodes for real.
+Light on purpose: the API uses it to refuse non-audio and malformed spectrograms cheaply;
+the worker decodes and validates everything again, for real.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED = ("wav", "flac", "ogg", "mp3")
-EXPECTED = "expected WAV, FLAC, OGG or MP3 audio"
+EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio, or a .npy spectrogram"
 
 
 @dataclass(frozen=True)
 class Sniffed:
-    format: str | None  # wav, flac, ogg, mp3, npy, or a recognised unsupported container
+    format: str | None  # wav, flac, ogg, mp3, mp4, webm, aac, npy; None when unrecognised
     supported: bool
+
+    @property
+    def kind(self) -> str:
+        return "spectrogram" if self.format == "npy" else "audio"
 
 
 def sniff(head: bytes) -> Sniffed:
@@ -29,11 +33,103 @@ def sniff(head: bytes) -> Sniffed:
         return Sniffed("mp3", True)
     if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:
         # MPEG audio frame sync: layer bits 00 mean ADTS AAC, anything else MPEG layer I-III
-        return Sniffed("mp3", True) if head[1] & 0x06 else Sniffed("aac", False)
+        return Sniffed("mp3" if head[1] & 0x06 else "aac", True)
     if head[:6] == b"\x93NUMPY":
-        return Sniffed("npy", False)
+        return Sniffed("npy", True)
     if head[4:8] == b"ftyp":
-        return Sniffed("mp4", False)
+        return Sniffed("mp4", True)
     if head[:4] == b"\x1a\x45\xdf\xa3":
-        return Sniffed("webm", False)
+        return Sniffed("webm", True)
     return Sniffed(None, False)
+
+
+# --- NumPy .npy spectrograms, read without NumPy (the API must stay light) -------------------
+
+SPECTROGRAM_FORMS = (
+    "expected a .npy float16/32/64 array of shape [n_mels, 3000] or [1, n_mels, 3000] "
+    "(one 30 s window, as WhisperFeatureExtractor returns), or [n_mels, T] / [1, n_mels, T] "
+    "with T > 3000 (longer audio, truncation=False); n_mels is 80, or 128 for large-v3"
+)
+# exponent bytes of each little-endian float: a value is NaN or infinite iff every
+# (byte, mask) pair has all its mask bits set
+_EXPONENT = {
+    "<f2": (2, ((1, 0x7C),)),
+    "<f4": (4, ((3, 0x7F), (2, 0x80))),
+    "<f8": (8, ((7, 0x7F), (6, 0xF0))),
+}
+_FLAG = {
+    mask: bytes(1 if b & mask == mask else 0 for b in range(256))
+    for _, m in _EXPONENT.values()
+    for _, mask in m
+}
+
+
+class SpectrogramHeaderError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    dtype: str  # "<f2", "<f4" or "<f8"
+    shape: tuple[int, ...]
+    offset: int  # where the data starts
+
+    @property
+    def itemsize(self) -> int:
+        return _EXPONENT[self.dtype][0]
+
+    @property
+    def nbytes(self) -> int:
+        n = self.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def frames(self) -> int:
+        return self.shape[-1]
+
+
+def npy_header_length(head: bytes) -> int | None:
+    """Bytes up to the end of the .npy header, once the first 12 are known."""
+    if len(head) < 12:
+        return None
+    if head[6] == 1:
+        return 10 + int.from_bytes(head[8:10], "little")
+    return 12 + int.from_bytes(head[8:12], "little")
+
+
+def parse_npy_header(head: bytes, max_frames: int) -> NpyHeader:
+    """Check a .npy header describes a spectrogram; `head` holds at least the whole header."""
+    import ast
+
+    length = npy_header_length(head)
+    if head[:6] != b"\x93NUMPY" or length is None or len(head) < length:
+        raise SpectrogramHeaderError(f"not a complete .npy header; {SPECTROGRAM_FORMS}")
+    try:
+        fields = ast.literal_eval(head[10 if head[6] == 1 else 12 : length].decode("latin1"))
+        dtype, shape, fortran = fields["descr"], tuple(fields["shape"]), fields["fortran_order"]
+    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+        raise SpectrogramHeaderError(f"unreadable .npy header ({e}); {SPECTROGRAM_FORMS}") from e
+    if dtype not in _EXPONENT:
+        raise SpectrogramHeaderError(f"dtype {dtype}; {SPECTROGRAM_FORMS}")
+    if fortran:
+        raise SpectrogramHeaderError(f"a Fortran-ordered array; {SPECTROGRAM_FORMS} (C order)")
+    core = shape[1:] if len(shape) == 3 and shape[0] == 1 else shape
+    if len(core) != 2 or core[0] not in (80, 128) or core[1] < 3000:
+        raise SpectrogramHeaderError(f"shape {list(shape)}; {SPECTROGRAM_FORMS}")
+    if core[1] > max_frames:
+        raise SpectrogramHeaderError(
+            f"{core[1]} frames; the limit is {max_frames} frames; {SPECTROGRAM_FORMS}"
+        )
+    return NpyHeader(dtype, shape, length)
+
+
+def all_finite(data: bytes, dtype: str) -> bool:
+    """True if no value in `data` (whole little-endian floats) is NaN or infinite."""
+    size, parts = _EXPONENT[dtype]
+    flags = None
+    for index, mask in parts:
+        f = int.from_bytes(data[index::size].translate(_FLAG[mask]), "big")
+        flags = f if flags is None else flags & f
+    return not flags

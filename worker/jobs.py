@@ -55,12 +55,15 @@ class JobInput(BaseModel):
     kind: Literal["audio", "spectrogram"]
     bytes: int
     filename: str | None = None  # as the client named it; never used in a storage key
-    format: str  # container as sniffed from the header: wav, flac, ogg, mp3, npy
+    format: str  # as sniffed from the header: wav, flac, ogg, mp3, mp4, webm, aac, npy
+    frames: int | None = None  # spectrogram frames (100 per second), from the .npy header
 
 
 class JobOptions(BaseModel):
     language: str | None = None  # ISO 639-1; None: detect
     task: Literal["transcribe", "translate"] = "transcribe"
+    mode: Literal["sequential", "chunked"] = "sequential"  # long audio
+    prompt: str | None = None  # text as if it preceded the audio (names, spellings)
 
 
 class Progress(BaseModel):
@@ -126,8 +129,8 @@ class JobStore:
         raw = self.redis.get(self._key(job_id))
         return JobRecord.model_validate_json(raw) if raw is not None else None
 
-    def transition(self, job_id: str, to: JobStatus, **changes) -> JobRecord:
-        """Move a job to `to` and apply `changes`, atomically; raise if not allowed."""
+    def _update(self, job_id: str, change) -> JobRecord:
+        """Apply `change(record) -> record` as a compare-and-set on the stored record."""
         key = self._key(job_id)
         with self.redis.pipeline() as pipe:
             while True:
@@ -136,20 +139,35 @@ class JobStore:
                     raw = pipe.get(key)
                     if raw is None:
                         raise TransitionError(f"job {job_id} does not exist")
-                    record = JobRecord.model_validate_json(raw)
-                    if to not in TRANSITIONS.get(record.status, frozenset()):
-                        raise TransitionError(f"job {job_id} is {record.status}, cannot be {to}")
-                    now = datetime.now(UTC)
-                    updated = record.model_copy(update={"status": to, **changes})
-                    if to is JobStatus.running:
-                        updated = updated.model_copy(
-                            update={"started_at": now, "attempts": record.attempts + 1}
-                        )
-                    elif to in TERMINAL:
-                        updated = updated.model_copy(update={"finished_at": now})
+                    updated = change(JobRecord.model_validate_json(raw))
                     pipe.multi()
                     pipe.set(key, updated.model_dump_json())
                     pipe.execute()
                     return updated
                 except redis.WatchError:
                     continue
+
+    def transition(self, job_id: str, to: JobStatus, **changes) -> JobRecord:
+        """Move a job to `to` and apply `changes`, atomically; raise if not allowed."""
+
+        def change(record: JobRecord) -> JobRecord:
+            if to not in TRANSITIONS.get(record.status, frozenset()):
+                raise TransitionError(f"job {job_id} is {record.status}, cannot be {to}")
+            now = datetime.now(UTC)
+            if to is JobStatus.running:
+                changes.update(started_at=now, attempts=record.attempts + 1)
+            elif to in TERMINAL:
+                changes.update(finished_at=now)
+            return record.model_copy(update={"status": to, **changes})
+
+        return self._update(job_id, change)
+
+    def set_progress(self, job_id: str, progress: Progress) -> None:
+        """Record how far a running job has come; a no-op once it is no longer running."""
+
+        def change(record: JobRecord) -> JobRecord:
+            if record.status is JobStatus.running:
+                return record.model_copy(update={"progress": progress})
+            return record
+
+        self._update(job_id, change)

@@ -40,9 +40,11 @@ class Settings(BaseSettings):
     )
     default_model: str = "tiny.en"
     max_upload_bytes: int = 200 * 1024 * 1024
+    max_spectrogram_frames: int = 4 * 3600 * 100  # 4 h of log-mel frames
 
     # Worker: "auto" picks CUDA when present. Threads in flight per worker process.
     device: str = "auto"
+    model_memory_bytes: int = 8 * 1024**3  # weights kept loaded; least recently used go first
     worker_concurrency: int = 2
     max_attempts: int = 5  # starts of one job before it is failed as poison
     cache_dir: Path = Field(default_factory=_default_cache_dir)

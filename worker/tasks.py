@@ -8,6 +8,7 @@ storage or Redis trouble is retried.
 from __future__ import annotations
 
 import json
+import time
 from functools import cached_property
 
 import redis
@@ -16,7 +17,8 @@ from celery import Task
 from celery.utils.log import get_task_logger
 
 from engine.audio import AudioError
-from engine.decoding import OptionsError
+from engine.inputs import SpectrogramError
+from engine.longform import OptionsError
 from worker.app import app
 from worker.engines import Engines, UnknownModel
 from worker.jobs import TASK_NAME, TERMINAL, JobError, JobStatus, JobStore, Progress
@@ -25,6 +27,7 @@ from worker.storage import Storage
 
 log = get_task_logger(__name__)
 
+PROGRESS_EVERY_S = 2.0
 TRANSIENT = (BotoCoreError, redis.ConnectionError, redis.TimeoutError)
 
 
@@ -65,12 +68,22 @@ def transcribe(self: JobTask, job_id: str) -> None:
         log.info("job %s failed (%s): %s", job_id, code, message)
         self.store.transition(job_id, JobStatus.failed, error=JobError(code=code, message=message))
 
+    last_report = 0.0
+
+    def report(_: int, done_s: float, total_s: float) -> None:
+        nonlocal last_report
+        if time.monotonic() - last_report > PROGRESS_EVERY_S:
+            last_report = time.monotonic()
+            self.store.set_progress(job_id, Progress(done_s=done_s, total_s=total_s))
+
     try:
         data = self.storage.get(record.input_key)
         try:
-            result = self.engines.transcribe(record.model, data, record.options)
+            result = self.engines.transcribe(record.model, data, record.options, report)
         except AudioError as e:
             return fail("invalid_audio", str(e))
+        except SpectrogramError as e:
+            return fail("invalid_spectrogram", str(e))
         except OptionsError as e:
             return fail("invalid_option", str(e))
         except UnknownModel as e:

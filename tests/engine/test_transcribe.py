@@ -1,8 +1,13 @@
+import io
+
 import numpy as np
 import pytest
+import soundfile as sf
 
-from engine.audio import AudioError
-from engine.decoding import DecodingOptions, OptionsError, compression_ratio
+from engine.audio import decode_audio
+from engine.decoding import compression_ratio
+from engine.longform import OptionsError, TranscriptionOptions
+from engine.wer import normalize
 
 
 def test_result_shape_and_invariants(tiny_en, clips):
@@ -11,48 +16,106 @@ def test_result_shape_and_invariants(tiny_en, clips):
     assert result.language == "en" and result.model == "tiny.en"
     assert result.duration == pytest.approx(clip.duration, abs=0.01)
     assert "ask not what your country can do for you" in result.text
-    (segment,) = result.segments
-    assert result.text == segment.text.strip()
-    assert tiny_en.loaded.tokenizer.decode(segment.tokens) == segment.text
-    assert 0 <= segment.start < segment.end <= result.duration
-    assert segment.avg_logprob < 0 and 0 <= segment.no_speech_prob < 0.5
-    assert segment.compression_ratio == pytest.approx(compression_ratio(segment.text))
-    assert result.options["task"] == "transcribe"
+    assert result.text == "".join(s.text for s in result.segments).strip()
+    tok = tiny_en.loaded.tokenizer
+    for i, s in enumerate(result.segments):
+        assert s.id == i and tok.decode(s.tokens) == s.text
+        assert s.tokens[0] >= tok.timestamp_begin and s.tokens[-1] >= tok.timestamp_begin
+        assert 0 <= s.start < s.end <= result.duration + 0.02
+        assert s.avg_logprob < 0 and 0 <= s.no_speech_prob < 0.5 and s.temperature == 0.0
+        # one window: every segment carries that window's ratio, as openai-whisper's do
+        assert s.compression_ratio == pytest.approx(compression_ratio(result.text))
+    assert result.options["task"] == "transcribe" and result.options["mode"] == "sequential"
 
 
 def test_a_batch_equals_one_at_a_time(tiny_en, english_clips):
     batch = tiny_en.transcribe_batch([c.bytes for c in english_clips])
     for clip, together in zip(english_clips, batch, strict=True):
         alone = tiny_en.transcribe(clip.bytes)
-        assert together.segments[0].tokens == alone.segments[0].tokens
+        assert [s.tokens for s in together.segments] == [s.tokens for s in alone.segments]
 
 
-def test_silence_has_high_no_speech_probability(tiny_en):
-    result = tiny_en.transcribe(np.zeros(16000 * 5, np.float32))
-    assert result.segments[0].no_speech_prob > 0.5
+def test_silence_has_a_high_no_speech_probability_and_can_be_skipped(tiny_en):
+    silence = np.zeros(16000 * 5, np.float32)
+    # As openai-whisper does, a confident hallucination (log-prob above -1) is kept...
+    kept = tiny_en.transcribe(silence)
+    assert all(s.no_speech_prob > 0.6 for s in kept.segments)
+    # ...unless the no-speech probability alone decides.
+    skipped = tiny_en.transcribe(silence, TranscriptionOptions(logprob_threshold=None))
+    assert skipped.segments == [] and skipped.text == ""
 
 
 def test_english_only_model_refuses_translate_and_other_languages(tiny_en, clips):
     with pytest.raises(OptionsError, match="multilingual"):
-        tiny_en.transcribe(clips["en_jfk"].bytes, DecodingOptions(task="translate"))
+        tiny_en.transcribe(clips["en_jfk"].bytes, TranscriptionOptions(task="translate"))
     with pytest.raises(OptionsError, match="multilingual"):
-        tiny_en.transcribe(clips["en_jfk"].bytes, DecodingOptions(language="fr"))
+        tiny_en.transcribe(clips["en_jfk"].bytes, TranscriptionOptions(language="fr"))
+
+
+def test_bad_options_are_refused_before_work(tiny_en, clips):
+    for options, words in [
+        (TranscriptionOptions(mode="fast"), "mode 'fast'"),
+        (TranscriptionOptions(task="summarize"), "task 'summarize'"),
+        (TranscriptionOptions(temperature=()), "temperature"),
+    ]:
+        with pytest.raises(OptionsError, match=words):
+            tiny_en.transcribe(clips["en_jfk"].bytes, options)
 
 
 def test_multilingual_detects_and_honours_a_given_language(base, clips):
     detected = base.transcribe(clips["fr_fleurs_000"].bytes)
     assert detected.language == "fr" and detected.language_probability > 0.5
-    given = base.transcribe(clips["fr_fleurs_000"].bytes, DecodingOptions(language="fr"))
+    given = base.transcribe(clips["fr_fleurs_000"].bytes, TranscriptionOptions(language="fr"))
     assert given.language == "fr" and given.language_probability is None
     with pytest.raises(OptionsError, match="unknown language 'xx'"):
-        base.transcribe(clips["fr_fleurs_000"].bytes, DecodingOptions(language="xx"))
+        base.transcribe(clips["fr_fleurs_000"].bytes, TranscriptionOptions(language="xx"))
 
 
 def test_translate_gives_english(base, clips):
-    result = base.transcribe(clips["fr_fleurs_000"].bytes, DecodingOptions(task="translate"))
+    result = base.transcribe(clips["fr_fleurs_000"].bytes, TranscriptionOptions(task="translate"))
     assert "accident" in result.text.lower()
 
 
-def test_over_30_seconds_is_refused_clearly(tiny_en):
-    with pytest.raises(AudioError, match="31.0 s long"):
-        tiny_en.transcribe(np.zeros(16000 * 31, np.float32))
+def test_initial_prompt_steers_spelling(tiny_en, clips):
+    plain = tiny_en.transcribe(clips["en_librispeech_1272-128104-0000"].bytes)
+    prompted = tiny_en.transcribe(
+        clips["en_librispeech_1272-128104-0000"].bytes,
+        TranscriptionOptions(initial_prompt="Mister Kwilter, the apostle."),
+    )
+    assert "Quilter" in plain.text and "Kwilter" in prompted.text
+
+
+@pytest.fixture(scope="module")
+def long_clip(clips):
+    """Four real clips joined with a second of silence: about 45 s, two windows or more."""
+    names = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131", "en_jfk"]
+    gap = np.zeros(16000, np.float32)
+    audio = np.concatenate([x for n in names for x in (decode_audio(clips[n].bytes), gap)])
+    buf = io.BytesIO()
+    sf.write(buf, audio, 16000, format="FLAC")
+    return buf.getvalue(), len(audio) / 16000, [clips[n].reference for n in names]
+
+
+@pytest.mark.parametrize("mode", ["sequential", "chunked"])
+def test_long_audio_in_both_modes(tiny_en, long_clip, mode):
+    data, duration, references = long_clip
+    result = tiny_en.transcribe(data, TranscriptionOptions(mode=mode))
+    assert result.duration == pytest.approx(duration, abs=0.01)
+    text = normalize(result.text)
+    for reference in references:
+        words = normalize(reference).split()
+        assert " ".join(words[:3]) in text and " ".join(words[-3:]) in text
+    ends = [0.0]
+    for s in result.segments:
+        assert s.start >= ends[-1] - 0.5 and s.end > s.start  # monotonic (cuts overlap < 0.5 s)
+        ends.append(s.end)
+    assert ends[-1] <= duration + 0.02
+    assert result.segments[-1].end > 30  # past the first window
+
+
+def test_progress_is_reported_up_to_the_duration(tiny_en, long_clip):
+    data, duration, _ = long_clip
+    seen = []
+    tiny_en.transcribe(data, progress=lambda i, done, total: seen.append((i, done, total)))
+    assert len(seen) >= 2 and seen[-1][1] == pytest.approx(seen[-1][2], abs=0.01)
+    assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen)

@@ -1,0 +1,183 @@
+"""What the engine transcribes: audio or a precomputed log-mel spectrogram, as 30 s windows.
+
+Both kinds become a `MelSource`: `window(seek)` gives the 3000 frames from frame `seek`, padded
+with the clip's floor value (what digital silence becomes) past the end. Seeks only move
+forward, so long audio is decoded and turned into frames as a stream, twice: once for the
+clip's maximum (Whisper clamps every frame to max - 8), once for the frames themselves. At most
+a few windows of frames are held at any time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from engine.audio import Audio
+from engine.mel import (
+    FRAMES_PER_SECOND,
+    HOP_LENGTH,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    log_mel_spectrogram,
+    stream_log10_mel,
+)
+
+# A spectrogram longer than this is refused (4 hours of frames).
+MAX_SPECTROGRAM_FRAMES = 4 * 3600 * FRAMES_PER_SECOND
+SPECTROGRAM_DTYPES = (np.float16, np.float32, np.float64)
+
+
+class SpectrogramError(ValueError):
+    """An array that is not a Whisper log-mel spectrogram this model can take."""
+
+
+def _normalize(log10_mel: torch.Tensor, log10_max: float) -> torch.Tensor:
+    return (log10_mel.clamp(min=log10_max - 8.0) + 4.0) / 4.0
+
+
+class MelSource:
+    """Log-mel frames of one input, read window by window, forward only."""
+
+    n_mels: int
+    n_frames: int  # frames of content (100 per second)
+    duration: float  # seconds of content
+    floor: float  # the value of a frame of digital silence, used past the end
+
+    def window(self, seek: int) -> torch.Tensor:
+        """shape = (n_mels, N_FRAMES): frames seek .. seek + 3000, floor-padded past the end."""
+        raise NotImplementedError
+
+    def pad(self, window: torch.Tensor, size: int) -> torch.Tensor:
+        """The window with its frames from `size` on replaced by silence (a cut window)."""
+        out = window.clone()
+        out[:, size:] = self.floor
+        return out
+
+
+class _HeldMel(MelSource):
+    """All frames already in memory: short audio, or a spectrogram the caller sent."""
+
+    def __init__(
+        self, mel: torch.Tensor, n_frames: int, floor: float, duration: float | None = None
+    ):
+        self.mel, self.n_mels, self.n_frames, self.floor = mel, mel.shape[0], n_frames, floor
+        self.duration = n_frames / FRAMES_PER_SECOND if duration is None else duration
+
+    def window(self, seek: int) -> torch.Tensor:
+        out = self.mel[:, seek : seek + N_FRAMES]
+        if out.shape[1] < N_FRAMES:
+            out = torch.nn.functional.pad(out, (0, N_FRAMES - out.shape[1]), value=self.floor)
+        return out
+
+
+class _StreamedMel(MelSource):
+    """Frames of long audio, computed as the seek advances."""
+
+    def __init__(self, audio: Audio, n_mels: int, device: torch.device):
+        self.audio, self.n_mels, self.device = audio, n_mels, device
+        log10_max, n_frames, n_samples = -math.inf, 0, 0
+
+        def counted(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+            nonlocal n_samples
+            for block in blocks:
+                n_samples += len(block)
+                yield block
+
+        for frames in stream_log10_mel(counted(audio.blocks()), n_mels, device):  # first pass
+            log10_max = max(log10_max, frames.max().item())
+            n_frames += frames.shape[1]
+        self.log10_max, self.n_frames = log10_max, n_frames
+        self.duration = n_samples / SAMPLE_RATE
+        self.floor = (log10_max - 8.0 + 4.0) / 4.0
+        self._frames: Iterator[torch.Tensor] = stream_log10_mel(audio.blocks(), n_mels, device)
+        self._held = torch.zeros(n_mels, 0, device=device)
+        self._start = 0  # frame index of self._held[:, 0]
+
+    def window(self, seek: int) -> torch.Tensor:
+        if seek < self._start:
+            raise ValueError(f"seek {seek} is behind frame {self._start}: windows go forward")
+        while True:  # drop frames before the seek; pull more until a window is held
+            drop = min(seek - self._start, self._held.shape[1])
+            self._held, self._start = self._held[:, drop:], self._start + drop
+            if self._start == seek and self._held.shape[1] >= N_FRAMES:
+                break
+            frames = next(self._frames, None)
+            if frames is None:
+                break
+            self._held = torch.cat([self._held, _normalize(frames, self.log10_max)], dim=1)
+        held = self._held if self._start == seek else self._held[:, :0]
+        return _HeldMel(held, held.shape[1], self.floor).window(0)
+
+
+def audio_source(audio: Audio | np.ndarray, n_mels: int, device: torch.device) -> MelSource:
+    """Audio (encoded, or 16 kHz float32 samples) as log-mel windows.
+
+    Up to 30 s: the whole clip zero-padded to 30 s, as `WhisperFeatureExtractor` does by
+    default. Longer: as the extractor with `truncation=False`, streamed.
+    """
+    if isinstance(audio, np.ndarray):
+        samples = audio
+    elif audio.duration <= N_SAMPLES / SAMPLE_RATE:
+        samples = audio.decode()
+    else:
+        return _StreamedMel(audio, n_mels, device)
+    if len(samples) > N_SAMPLES:
+        return _StreamedMel(_SamplesAsAudio(samples), n_mels, device)
+    mel = log_mel_spectrogram(torch.from_numpy(samples).to(device), n_mels)
+    return _HeldMel(mel, len(samples) // HOP_LENGTH, _floor(mel), len(samples) / SAMPLE_RATE)
+
+
+class _SamplesAsAudio:
+    """Decoded samples offered as `Audio` blocks (for callers holding an array already)."""
+
+    def __init__(self, samples: np.ndarray):
+        self.samples = samples
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        for i in range(0, len(self.samples), N_SAMPLES):
+            yield self.samples[i : i + N_SAMPLES]
+
+
+def spectrogram_source(
+    array: np.ndarray, n_mels: int, device: torch.device, max_frames: int = MAX_SPECTROGRAM_FRAMES
+) -> MelSource:
+    """A caller's log-mel spectrogram, validated, as windows.
+
+    Accepted: float16/32/64, finite, shape (n_mels, 3000) or (1, n_mels, 3000) for one window
+    (what `WhisperFeatureExtractor` returns for up to 30 s), or (n_mels, T) / (1, n_mels, T)
+    with 3000 < T <= max_frames for longer audio (`truncation=False`).
+    """
+    forms = (
+        f"expected a float16/32/64 array of shape [{n_mels}, 3000] or [1, {n_mels}, 3000] "
+        f"(one 30 s window), or [{n_mels}, T] / [1, {n_mels}, T] with 3000 < T <= "
+        f"{max_frames} (longer audio, WhisperFeatureExtractor with truncation=False)"
+    )
+    if not isinstance(array, np.ndarray) or array.dtype not in SPECTROGRAM_DTYPES:
+        kind = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
+        raise SpectrogramError(f"got {kind}; {forms}")
+    if array.ndim == 3 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 2 or array.shape[0] != n_mels:
+        raise SpectrogramError(f"got shape {list(array.shape)}; {forms}")
+    n = array.shape[1]
+    if n < N_FRAMES or n > max_frames:
+        raise SpectrogramError(f"got {n} frames; {forms}")
+    if not np.isfinite(array).all():
+        raise SpectrogramError(f"the spectrogram holds NaN or infinite values; {forms}")
+    mel = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(device)
+    floor = _floor(mel)
+    if n > N_FRAMES:
+        return _HeldMel(mel, n, floor)
+    # One window, padded by the extractor: the content ends where digital silence begins.
+    loud = (mel > floor + 1e-3).any(dim=0).nonzero()
+    return _HeldMel(mel, int(loud[-1]) + 1 if len(loud) else 0, floor)
+
+
+def _floor(mel: torch.Tensor) -> float:
+    """What a frame of digital silence is in this clip: (log10 max - 8 + 4) / 4, which is the
+    normalised maximum, (log10 max + 4) / 4, less 2."""
+    return mel.max().item() - 2.0

@@ -1,0 +1,104 @@
+"""Spectrogram input: validated, and equal to the audio it came from."""
+
+import io
+import re
+
+import numpy as np
+import pytest
+import torch
+from transformers import WhisperFeatureExtractor
+
+from engine.audio import decode_audio
+from engine.inputs import SpectrogramError, audio_source, spectrogram_source
+from engine.longform import TranscriptionOptions
+
+CPU = torch.device("cpu")
+
+
+def extractor_features(audio: np.ndarray, long: bool = False) -> np.ndarray:
+    fe = WhisperFeatureExtractor(feature_size=80)
+    if long:
+        return fe(audio, sampling_rate=16000, truncation=False, padding="longest",
+                  return_tensors="np").input_features  # fmt: skip
+    return fe(audio, sampling_rate=16000, return_tensors="np").input_features
+
+
+def tokens(result):
+    return [t for s in result.segments for t in s.tokens]
+
+
+@pytest.mark.parametrize("form", ["2d", "3d", "npy", "float64"])
+def test_a_window_spectrogram_gives_the_tokens_of_its_audio(tiny_en, clips, form):
+    clip = clips["en_jfk"]
+    mel = extractor_features(decode_audio(clip.bytes))  # (1, 80, 3000)
+    item = {"2d": mel[0], "3d": mel, "float64": mel.astype(np.float64)}.get(form)
+    if form == "npy":
+        buf = io.BytesIO()
+        np.save(buf, mel)
+        item = buf.getvalue()
+    from_mel = tiny_en.transcribe(item)
+    from_audio = tiny_en.transcribe(clip.bytes)
+    assert tokens(from_mel) == tokens(from_audio)
+    assert from_mel.duration == pytest.approx(clip.duration, abs=0.02)  # from where silence starts
+
+
+def test_a_long_spectrogram_gives_the_tokens_of_its_audio(tiny_en, clips):
+    audio = np.concatenate(
+        [
+            decode_audio(clips[n].bytes)
+            for n in ("en_jfk", "en_librispeech_1272-128104-0000", "en_jfk", "en_jfk")
+        ]
+    )
+    mel = extractor_features(audio, long=True)[0]
+    assert mel.shape[1] > 3000
+    options = TranscriptionOptions(temperature=(0.0,))
+    assert tokens(tiny_en.transcribe(mel, options)) == tokens(tiny_en.transcribe(audio, options))
+
+
+def test_long_audio_frames_equal_the_extractor_and_pad_with_the_floor(clips):
+    audio = np.concatenate([decode_audio(clips["en_jfk"].bytes)] * 3)  # 33 s
+    expected = extractor_features(audio, long=True)[0]
+    source = audio_source(audio, 80, CPU)
+    assert source.n_frames == expected.shape[1]
+    first, last = source.window(0).numpy(), source.window(3000).numpy()
+    np.testing.assert_allclose(first, expected[:, :3000], atol=1e-5)
+    np.testing.assert_allclose(last[:, : expected.shape[1] - 3000], expected[:, 3000:], atol=1e-5)
+    floor = expected.max() - 2.0  # (log10 max - 8 + 4) / 4
+    assert np.allclose(last[:, expected.shape[1] - 3000 :], floor)
+    spectrogram = spectrogram_source(expected, 80, CPU)
+    np.testing.assert_allclose(spectrogram.window(3000).numpy(), last, atol=1e-5)
+
+
+def valid() -> np.ndarray:
+    return np.zeros((80, 3000), np.float32)
+
+
+@pytest.mark.parametrize(
+    "array, words",
+    [
+        (np.zeros((128, 3000), np.float32), "shape [128, 3000]"),
+        (np.zeros((80, 2999), np.float32), "2999 frames"),
+        (np.zeros((2, 80, 3000), np.float32), "shape [2, 80, 3000]"),
+        (np.zeros(3000, np.float32), "shape [3000]"),
+        (np.zeros((80, 3000), np.int16), "int16"),
+        (np.zeros((80, 5001), np.float32), "5001 frames"),
+        ([[0.0] * 3000] * 80, "list"),
+    ],
+)
+def test_malformed_spectrograms_are_refused_naming_the_accepted_forms(array, words):
+    with pytest.raises(SpectrogramError, match=re.escape(words)) as e:
+        spectrogram_source(array, 80, CPU, max_frames=5000)
+    assert "[80, 3000] or [1, 80, 3000]" in str(e.value)
+
+
+def test_non_finite_values_are_refused():
+    for bad in (np.nan, np.inf):
+        array = valid()
+        array[3, 7] = bad
+        with pytest.raises(SpectrogramError, match="NaN or infinite"):
+            spectrogram_source(array, 80, CPU)
+
+
+def test_unreadable_npy_is_refused(tiny_en):
+    with pytest.raises(SpectrogramError, match="not a readable .npy"):
+        tiny_en.source(b"\x93NUMPY\x01\x00garbage")
