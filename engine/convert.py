@@ -154,7 +154,7 @@ def _special_ids(tokenizer: dict) -> dict[str, int]:
     return {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
 
 
-def _complete_tokenizer(tokenizer: dict, vocabulary: list[str], n_vocab: int) -> dict:
+def complete_tokenizer(tokenizer: dict, vocabulary: list[str], n_vocab: int) -> dict:
     """Add the tokens `vocabulary.txt` has beyond `tokenizer.json` (the timestamps)."""
     ids = [*tokenizer["model"]["vocab"].values(), *(t["id"] for t in tokenizer["added_tokens"])]
     known = max(ids) + 1
@@ -187,7 +187,7 @@ def convert_ctranslate2(parts: list[Path], dst: Path) -> None:
     weights = _hf_weights(ct2)
     n_vocab, d_model = weights["model.decoder.embed_tokens.weight"].shape
     vocabulary = (src / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
-    tokenizer = _complete_tokenizer(
+    tokenizer = complete_tokenizer(
         json.loads((src / "tokenizer.json").read_text(encoding="utf-8")), vocabulary, n_vocab
     )
     ids = _special_ids(tokenizer)

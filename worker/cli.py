@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from worker.formats import WRITERS
 from worker.settings import get_settings
 
 
@@ -117,20 +118,58 @@ def _transcribe(args: argparse.Namespace) -> int:
     transcriber = Transcriber.load(
         source, device=args.device, cache_dir=settings.cache_dir, name=args.model
     )
-    options = TranscriptionOptions(task=args.task, language=args.language, mode=args.mode)
+    options = TranscriptionOptions(
+        task=args.task, language=args.language, mode=args.mode, initial_prompt=args.prompt
+    )
+    writer = WRITERS[args.format]
     failed = 0
-    for path in tqdm(args.files, unit="file", disable=len(args.files) < 2, file=sys.stderr):
-        try:
-            result = transcriber.transcribe(Path(path).read_bytes(), options)
-        except (OSError, AudioError, SpectrogramError, OptionsError) as e:
-            print(f"{path}: {e}", file=sys.stderr)
-            failed += 1
-            continue
-        if args.format == "json":
-            print(json.dumps(result.to_dict(), ensure_ascii=False))
+    for path in args.files:
+        with tqdm(total=0, unit="s", desc=Path(path).name, file=sys.stderr, leave=False) as bar:
+
+            def progress(_: int, done: float, total: float, bar=bar) -> None:
+                bar.total = round(total, 1)
+                bar.update(round(done - bar.n, 1))
+
+            try:
+                result = transcriber.transcribe(Path(path).read_bytes(), options, progress)
+            except (OSError, AudioError, SpectrogramError, OptionsError) as e:
+                print(f"{path}: {e}", file=sys.stderr)
+                failed += 1
+                continue
+        if args.output_dir:
+            out = Path(args.output_dir) / f"{Path(path).stem}.{writer.extension}"
+            out.write_text(writer.render(result.to_dict()), encoding="utf-8")
         else:
-            print(f"{path}: {result.text}" if len(args.files) > 1 else result.text)
+            print(writer.render(result.to_dict()), end="")
     return 1 if failed else 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from engine.evaluate import evaluate
+    from engine.transcribe import Transcriber
+
+    settings = get_settings()
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    transcriber = Transcriber.load(
+        settings.models.get(args.model, args.model),
+        device=args.device,
+        dtype=dtype,
+        cache_dir=settings.cache_dir,
+        name=args.model,
+    )
+    report = evaluate(
+        Path(args.manifest),
+        transcriber,
+        reference=not args.no_reference,
+        progress=lambda items: tqdm(items, unit="clip", file=sys.stderr),
+    )
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps([c.__dict__ for c in report.clips], indent=1))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,8 +202,19 @@ def main(argv: list[str] | None = None) -> int:
         help="long audio: sequential seek (reference) or independent chunks (faster)",
     )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA if present)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=list(WRITERS), default="text")
+    p.add_argument("--prompt", help="text as if it came before the audio (names, spellings)")
+    p.add_argument("--output-dir", help="write FILE's result to DIR/<stem>.<format> instead")
     p.set_defaults(func=_transcribe)
+
+    p = sub.add_parser("eval", help="WER, language ID and speed on a manifest, vs transformers")
+    p.add_argument("manifest", metavar="MANIFEST", help="JSON lines: file, reference, language")
+    p.add_argument("--model", default=get_settings().default_model)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
+    p.add_argument("--no-reference", action="store_true", help="skip transformers")
+    p.add_argument("--json", metavar="PATH", help="also write every clip's texts here")
+    p.set_defaults(func=_eval)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

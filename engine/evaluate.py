@@ -1,0 +1,177 @@
+"""`whisperfleet eval`: accuracy and speed on a manifest, side by side with plain transformers.
+
+The manifest is JSON lines with `file`, `reference`, `language` (the format of
+../shared/audio/dev/manifest.jsonl). For each clip the engine runs its default pipeline
+(sequential, timestamps, temperature fallback) and transformers its equivalent
+(`generate(return_timestamps=True, condition_on_prev_tokens=True, temperature=(0.0, ...,
+1.0), ...)`, long-form for clips over 30 s), on the same converted weights and device. Also:
+greedy tokens without timestamps against transformers' greedy `generate` on clips up to 30 s,
+chunked mode on clips over 30 s, and language detection on non-English clips (multilingual
+models). WER: English clips, Whisper's English normalizer, jiwer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.audio import Audio
+from engine.longform import TranscriptionOptions
+from engine.transcribe import Transcriber
+from engine.wer import word_error_rate
+
+GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
+TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+@dataclass
+class ClipResult:
+    file: str
+    duration: float
+    language: str
+    reference: str
+    engine_text: str = ""
+    reference_text: str = ""  # transformers'
+    chunked_text: str | None = None
+    engine_seconds: float = 0.0
+    reference_seconds: float = 0.0
+    greedy_identical: bool | None = None  # clips up to 30 s
+    engine_language: str | None = None
+    reference_language: str | None = None
+
+
+@dataclass
+class Report:
+    model: str
+    device: str
+    clips: list[ClipResult] = field(default_factory=list)
+
+    def wer(self, clips: list[ClipResult], attr: str) -> float:
+        refs = [c.reference for c in clips]
+        return 100 * word_error_rate(refs, [getattr(c, attr) for c in clips])
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(metric, engine, transformers) rows of the summary table."""
+        english = [c for c in self.clips if c.language == "en"]
+        short = [c for c in english if c.duration <= 30]
+        long = [c for c in english if c.duration > 30]
+        rows = []
+        for label, group in (("English clips <= 30 s", short), ("English clips > 30 s", long),
+                             ("all English clips", english)):  # fmt: skip
+            if group:
+                n = f"WER %, {label} ({len(group)})"
+                rows.append((n, f"{self.wer(group, 'engine_text'):.2f}",
+                             f"{self.wer(group, 'reference_text'):.2f}"))  # fmt: skip
+        for c in long:
+            rows.append((f"WER %, {c.file}, sequential", f"{self.wer([c], 'engine_text'):.2f}",
+                         f"{self.wer([c], 'reference_text'):.2f}"))  # fmt: skip
+            rows.append((f"WER %, {c.file}, chunked", f"{self.wer([c], 'chunked_text'):.2f}", ""))
+        if long:
+            rows.append(("WER %, English clips > 30 s, chunked",
+                         f"{self.wer(long, 'chunked_text'):.2f}", ""))  # fmt: skip
+        greedy = [c.greedy_identical for c in self.clips if c.greedy_identical is not None]
+        if greedy:
+            rows.append(("greedy tokens identical, clips <= 30 s",
+                         f"{sum(greedy)}/{len(greedy)}", ""))  # fmt: skip
+        other = [c for c in self.clips if c.language != "en" and c.engine_language]
+        if other:
+            rows.append((
+                f"language detected correctly ({len(other)} non-English)",
+                f"{sum(c.engine_language == c.language for c in other)}/{len(other)}",
+                f"{sum(c.reference_language == c.language for c in other)}/{len(other)}",
+            ))  # fmt: skip
+        audio = sum(c.duration for c in self.clips)
+        engine_s = sum(c.engine_seconds for c in self.clips)
+        reference_s = sum(c.reference_seconds for c in self.clips)
+        rows.append(("audio seconds per second", f"{audio / engine_s:.1f}",
+                     f"{audio / reference_s:.1f}" if reference_s else ""))  # fmt: skip
+        return rows
+
+    def table(self) -> str:
+        lines = [f"model {self.model}, {self.device}, {len(self.clips)} clips", "",
+                 "| metric | engine | transformers |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {m} | {e} | {r} |" for m, e, r in self.rows()]
+        return "\n".join(lines)
+
+
+class TransformersReference:
+    """Plain `WhisperForConditionalGeneration` on the engine's converted weights."""
+
+    def __init__(self, transcriber: Transcriber):
+        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+        loaded = transcriber.loaded
+        self.processor = WhisperProcessor.from_pretrained(loaded.path)
+        self.model = WhisperForConditionalGeneration.from_pretrained(
+            loaded.path, dtype=loaded.dtype
+        ).to(loaded.device)
+        self.model.eval()
+        self.eot = loaded.tokenizer.eot
+        self.multilingual = loaded.tokenizer.is_multilingual
+
+    def _inputs(self, audio, long: bool) -> dict:
+        kwargs = {"truncation": False, "padding": "longest"} if long else {}
+        inputs = self.processor(audio, sampling_rate=16000, return_tensors="pt",
+                                return_attention_mask=True, **kwargs)  # fmt: skip
+        return {k: v.to(self.model.device) for k, v in inputs.items()}
+
+    @torch.inference_mode()
+    def transcribe(self, audio, long: bool) -> str:
+        inputs = self._inputs(audio, long)
+        inputs["input_features"] = inputs["input_features"].to(self.model.dtype)
+        out = self.model.generate(
+            **inputs, return_timestamps=True, condition_on_prev_tokens=True,
+            temperature=TEMPERATURES, compression_ratio_threshold=1.35,  # on token bytes
+            logprob_threshold=-1.0, no_speech_threshold=0.6,
+        )  # fmt: skip
+        return self.processor.batch_decode(out, skip_special_tokens=True)[0].strip()
+
+    @torch.inference_mode()
+    def greedy_tokens(self, audio) -> list[int]:
+        features = self._inputs(audio, long=False)["input_features"].to(self.model.dtype)
+        return [t for t in self.model.generate(features)[0].tolist() if t < self.eot]
+
+    @torch.inference_mode()
+    def language(self, audio) -> str:
+        features = self._inputs(audio, long=False)["input_features"].to(self.model.dtype)
+        token = self.model.detect_language(features)[0].item()
+        return self.processor.tokenizer.convert_ids_to_tokens(token)[2:-2]
+
+
+def evaluate(manifest: Path, transcriber: Transcriber, reference: bool = True,
+             progress=None) -> Report:  # fmt: skip
+    entries = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    multilingual = transcriber.loaded.tokenizer.is_multilingual
+    if not multilingual:
+        entries = [e for e in entries if e["language"] == "en"]
+    ref = TransformersReference(transcriber) if reference else None
+    loaded = transcriber.loaded
+    report = Report(loaded.name, f"{loaded.device} {str(loaded.dtype).removeprefix('torch.')}")
+    for entry in progress(entries) if progress else entries:
+        data = (manifest.parent / entry["file"]).read_bytes()
+        audio = Audio(data).decode()
+        clip = ClipResult(entry["file"], len(audio) / 16000, entry["language"], entry["reference"])
+        start = time.perf_counter()
+        result = transcriber.transcribe(data)
+        clip.engine_seconds = time.perf_counter() - start
+        clip.engine_text, clip.engine_language = result.text, result.language
+        long = clip.duration > 30
+        if long:
+            chunked = TranscriptionOptions(mode="chunked")
+            clip.chunked_text = transcriber.transcribe(data, chunked).text
+        if ref is not None:
+            start = time.perf_counter()
+            clip.reference_text = ref.transcribe(audio, long)
+            clip.reference_seconds = time.perf_counter() - start
+            if not long:
+                greedy = transcriber.transcribe(data, GREEDY)
+                ours = [t for s in greedy.segments for t in s.tokens]
+                clip.greedy_identical = ours == ref.greedy_tokens(audio)
+            if multilingual and clip.language != "en":
+                clip.reference_language = ref.language(audio)
+        report.clips.append(clip)
+    return report
