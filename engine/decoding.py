@@ -1,9 +1,9 @@
-"""Decoding 30 s windows with Whisper's rules, batched over cache slots.
+"""Whisper's decoding rules, for a batch of windows decoded together (`engine.scheduler`).
 
-Each row of a batch carries its own task: language, temperature, previous-text prompt and
-whether it predicts timestamps. Rules are small `LogitFilter`s whose `apply` edits the logits
-of every live row at once with tensor operations (no per-row Python loop), so a decode step
-stays one batched computation.
+Each row carries its own task: language, temperature, previous-text prompt and whether it
+predicts timestamps. Rules are small `LogitFilter`s whose `apply` edits the logits of every
+live row at once with tensor operations (no per-row Python loop and no host sync), so a decode
+step stays one batched computation that a CUDA graph can capture.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.mel import CHUNK_LENGTH
-from engine.model import KVCache, Whisper
 from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
@@ -49,6 +48,8 @@ def compression_ratio(text: str) -> float:
 
 
 class LogitFilter:
+    only_with_timestamps = False  # a rule that edits nothing unless some row has timestamps
+
     def apply(self, logits: Tensor, state: DecodeState) -> None:
         """Edit `logits` (batch, n_vocab) in place."""
         raise NotImplementedError
@@ -94,6 +95,8 @@ class ApplyTimestampRules(LogitFilter):
     - the first token is a timestamp, at most `max_initial_timestamp` seconds in;
     - when the timestamps together are likelier than any text token, a timestamp it is.
     """
+
+    only_with_timestamps = True
 
     def __init__(
         self,
@@ -178,100 +181,3 @@ def prompt_tokens(tokenizer: Tokenizer, task: WindowTask, n_text_ctx: int) -> li
     if task.prompt:
         tokens = [tokenizer.sot_prev, *task.prompt[-(n_text_ctx // 2 - 1) :], *tokens]
     return tokens
-
-
-@torch.inference_mode()
-def detect_language(
-    model: Whisper, cache: KVCache, slots: Tensor, tokenizer: Tokenizer
-) -> tuple[list[str], list[float]]:
-    """Most likely language of each row, from the first step's logits over language tokens."""
-    codes = list(tokenizer.language_ids)
-    ids = torch.tensor(list(tokenizer.language_ids.values()), device=slots.device)
-    tokens = torch.full((len(slots), 1), tokenizer.sot, device=slots.device)
-    logits = model.decoder(tokens, torch.zeros_like(tokens), slots, cache)[:, 0, ids]
-    probs = logits.softmax(dim=-1)
-    best = probs.argmax(dim=-1)
-    return [codes[i] for i in best.tolist()], probs.gather(1, best[:, None])[:, 0].tolist()
-
-
-@torch.inference_mode()
-def decode(
-    model: Whisper,
-    cache: KVCache,
-    slots: Tensor,
-    tasks: list[WindowTask],
-    tokenizer: Tokenizer,
-    filters: list[LogitFilter],
-    sample_len: int,
-    generator: torch.Generator | None = None,
-) -> list[WindowResult]:
-    """Decode one window per slot, whose cross-attention K/V are already projected.
-
-    Prompts may differ in length: each row's prompt is right-padded, the padding placed at
-    the positions its first sampled tokens will overwrite, and causal masking by position
-    keeps real tokens from seeing it.
-    """
-    device, batch, n_ctx = slots.device, len(tasks), model.dims.n_text_ctx
-    prompts = [prompt_tokens(tokenizer, t, n_ctx) for t in tasks]
-    lengths = torch.tensor([len(p) for p in prompts], device=device)
-    width = max(len(p) for p in prompts)
-    tokens = torch.tensor([p + [tokenizer.eot] * (width - len(p)) for p in prompts], device=device)
-    positions = torch.arange(width, device=device).expand(batch, -1)
-    logits = model.decoder(tokens, positions, slots, cache)
-    rows = torch.arange(batch, device=device)
-    sot_index = torch.tensor([p.index(tokenizer.sot) for p in prompts], device=device)
-    no_speech = logits[rows, sot_index].softmax(-1)[:, tokenizer.no_speech]
-    logits = logits[rows, lengths - 1]
-    position = lengths - 1
-    limit = torch.clamp(n_ctx - lengths, max=sample_len)  # a row's prompt + samples fit n_ctx
-
-    temperature = torch.tensor([t.temperature for t in tasks], device=device)
-    sampling = bool((temperature > 0).any())
-    state = DecodeState(
-        n_sampled=torch.zeros(batch, dtype=torch.long, device=device),
-        last=torch.full((batch,), -1, device=device),
-        penultimate=torch.full((batch,), -1, device=device),
-        last_timestamp=torch.full((batch,), -1, device=device),
-        timestamps=torch.tensor([t.timestamps for t in tasks], device=device),
-    )
-    sampled = torch.full((batch, sample_len), tokenizer.eot, device=device)
-    sum_logprobs = torch.zeros(batch, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    for step in range(sample_len):
-        for f in filters:
-            f.apply(logits, state)
-        next_tokens = logits.argmax(dim=-1)
-        if sampling:
-            scaled = logits / temperature.clamp(min=1e-6)[:, None]
-            drawn = torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator)[:, 0]
-            next_tokens = torch.where(temperature > 0, drawn, next_tokens)
-        logprobs = F.log_softmax(logits.float(), dim=-1).gather(1, next_tokens[:, None])[:, 0]
-        sum_logprobs += logprobs * ~finished
-        next_tokens = next_tokens.masked_fill(finished, tokenizer.eot)
-        sampled[:, step] = next_tokens
-        state.penultimate, state.last = state.last, next_tokens
-        is_ts = next_tokens >= tokenizer.timestamp_begin
-        state.last_timestamp = torch.where(is_ts, next_tokens, state.last_timestamp)
-        state.n_sampled += 1
-        finished |= (next_tokens == tokenizer.eot) | (state.n_sampled >= limit)
-        if bool(finished.all()):
-            break
-        position = position + 1
-        logits = model.decoder(next_tokens[:, None], position[:, None], slots, cache)[:, -1]
-
-    results = []
-    for i, row in enumerate(sampled.tolist()):
-        row = row[: row.index(tokenizer.eot)] if tokenizer.eot in row else row
-        row = row[: int(limit[i])]
-        text = tokenizer.decode(row)
-        results.append(
-            WindowResult(
-                tokens=row,
-                text=text,
-                avg_logprob=sum_logprobs[i].item() / (len(row) + 1),
-                no_speech_prob=no_speech[i].item(),
-                compression_ratio=compression_ratio(text.strip()),
-                temperature=tasks[i].temperature,
-            )
-        )
-    return results

@@ -42,6 +42,7 @@ class ClipResult:
     greedy_identical: bool | None = None  # clips up to 30 s
     engine_language: str | None = None
     reference_language: str | None = None
+    timestamps_ok: bool = True  # segments in order, each inside the audio
 
 
 @dataclass
@@ -60,40 +61,74 @@ class Report:
         short = [c for c in english if c.duration <= 30]
         long = [c for c in english if c.duration > 30]
         rows = []
-        for label, group in (("English clips <= 30 s", short), ("English clips > 30 s", long),
-                             ("all English clips", english)):  # fmt: skip
+        for label, group in (
+            ("English clips <= 30 s", short),
+            ("English clips > 30 s", long),
+            ("all English clips", english),
+        ):
             if group:
                 n = f"WER %, {label} ({len(group)})"
-                rows.append((n, f"{self.wer(group, 'engine_text'):.2f}",
-                             f"{self.wer(group, 'reference_text'):.2f}"))  # fmt: skip
+                rows.append(
+                    (
+                        n,
+                        f"{self.wer(group, 'engine_text'):.2f}",
+                        f"{self.wer(group, 'reference_text'):.2f}",
+                    )
+                )
         for c in long:
-            rows.append((f"WER %, {c.file}, sequential", f"{self.wer([c], 'engine_text'):.2f}",
-                         f"{self.wer([c], 'reference_text'):.2f}"))  # fmt: skip
+            rows.append(
+                (
+                    f"WER %, {c.file}, sequential",
+                    f"{self.wer([c], 'engine_text'):.2f}",
+                    f"{self.wer([c], 'reference_text'):.2f}",
+                )
+            )
             rows.append((f"WER %, {c.file}, chunked", f"{self.wer([c], 'chunked_text'):.2f}", ""))
         if long:
-            rows.append(("WER %, English clips > 30 s, chunked",
-                         f"{self.wer(long, 'chunked_text'):.2f}", ""))  # fmt: skip
+            rows.append(
+                (
+                    "WER %, English clips > 30 s, chunked",
+                    f"{self.wer(long, 'chunked_text'):.2f}",
+                    "",
+                )
+            )
+        ok = sum(c.timestamps_ok for c in self.clips)
+        rows.append(
+            ("segment timestamps monotonic and inside the audio", f"{ok}/{len(self.clips)}", "")
+        )
         greedy = [c.greedy_identical for c in self.clips if c.greedy_identical is not None]
         if greedy:
-            rows.append(("greedy tokens identical, clips <= 30 s",
-                         f"{sum(greedy)}/{len(greedy)}", ""))  # fmt: skip
+            rows.append(
+                ("greedy tokens identical, clips <= 30 s", f"{sum(greedy)}/{len(greedy)}", "")
+            )
         other = [c for c in self.clips if c.language != "en" and c.engine_language]
         if other:
-            rows.append((
-                f"language detected correctly ({len(other)} non-English)",
-                f"{sum(c.engine_language == c.language for c in other)}/{len(other)}",
-                f"{sum(c.reference_language == c.language for c in other)}/{len(other)}",
-            ))  # fmt: skip
+            rows.append(
+                (
+                    f"language detected correctly ({len(other)} non-English)",
+                    f"{sum(c.engine_language == c.language for c in other)}/{len(other)}",
+                    f"{sum(c.reference_language == c.language for c in other)}/{len(other)}",
+                )
+            )
         audio = sum(c.duration for c in self.clips)
         engine_s = sum(c.engine_seconds for c in self.clips)
         reference_s = sum(c.reference_seconds for c in self.clips)
-        rows.append(("audio seconds per second", f"{audio / engine_s:.1f}",
-                     f"{audio / reference_s:.1f}" if reference_s else ""))  # fmt: skip
+        rows.append(
+            (
+                "audio seconds per second",
+                f"{audio / engine_s:.1f}",
+                f"{audio / reference_s:.1f}" if reference_s else "",
+            )
+        )
         return rows
 
     def table(self) -> str:
-        lines = [f"model {self.model}, {self.device}, {len(self.clips)} clips", "",
-                 "| metric | engine | transformers |", "|---|---|---|"]  # fmt: skip
+        lines = [
+            f"model {self.model}, {self.device}, {len(self.clips)} clips",
+            "",
+            "| metric | engine | transformers |",
+            "|---|---|---|",
+        ]
         lines += [f"| {m} | {e} | {r} |" for m, e, r in self.rows()]
         return "\n".join(lines)
 
@@ -115,8 +150,9 @@ class TransformersReference:
 
     def _inputs(self, audio, long: bool) -> dict:
         kwargs = {"truncation": False, "padding": "longest"} if long else {}
-        inputs = self.processor(audio, sampling_rate=16000, return_tensors="pt",
-                                return_attention_mask=True, **kwargs)  # fmt: skip
+        inputs = self.processor(
+            audio, sampling_rate=16000, return_tensors="pt", return_attention_mask=True, **kwargs
+        )
         return {k: v.to(self.model.device) for k, v in inputs.items()}
 
     @torch.inference_mode()
@@ -124,10 +160,14 @@ class TransformersReference:
         inputs = self._inputs(audio, long)
         inputs["input_features"] = inputs["input_features"].to(self.model.dtype)
         out = self.model.generate(
-            **inputs, return_timestamps=True, condition_on_prev_tokens=True,
-            temperature=TEMPERATURES, compression_ratio_threshold=1.35,  # on token bytes
-            logprob_threshold=-1.0, no_speech_threshold=0.6,
-        )  # fmt: skip
+            **inputs,
+            return_timestamps=True,
+            condition_on_prev_tokens=True,
+            temperature=TEMPERATURES,
+            compression_ratio_threshold=1.35,  # on token bytes
+            logprob_threshold=-1.0,
+            no_speech_threshold=0.6,
+        )
         return self.processor.batch_decode(out, skip_special_tokens=True)[0].strip()
 
     @torch.inference_mode()
@@ -142,8 +182,19 @@ class TransformersReference:
         return self.processor.tokenizer.convert_ids_to_tokens(token)[2:-2]
 
 
-def evaluate(manifest: Path, transcriber: Transcriber, reference: bool = True,
-             progress=None) -> Report:  # fmt: skip
+def timestamps_ok(segments, duration: float) -> bool:
+    """Each segment starts where the previous ended or later, and lies inside the audio."""
+    end = 0.0
+    for s in segments:
+        if not (end <= s.start < s.end <= duration + 0.02):
+            return False
+        end = s.end
+    return True
+
+
+def evaluate(
+    manifest: Path, transcriber: Transcriber, reference: bool = True, progress=None
+) -> Report:
     entries = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
     multilingual = transcriber.loaded.tokenizer.is_multilingual
     if not multilingual:
@@ -159,6 +210,7 @@ def evaluate(manifest: Path, transcriber: Transcriber, reference: bool = True,
         result = transcriber.transcribe(data)
         clip.engine_seconds = time.perf_counter() - start
         clip.engine_text, clip.engine_language = result.text, result.language
+        clip.timestamps_ok = timestamps_ok(result.segments, clip.duration)
         long = clip.duration > 30
         if long:
             chunked = TranscriptionOptions(mode="chunked")

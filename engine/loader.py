@@ -160,14 +160,19 @@ def random_model(
     for m in model.modules():
         if isinstance(m, torch.nn.LayerNorm):
             m.weight.data.fill_(1.0)
-    path = _tokenizer_dir(dims.n_vocab, cache_dir)
     return LoadedModel(
         name=f"random:{size}",
-        path=path,
+        path=_tokenizer_dir(dims.n_vocab, cache_dir),
         model=model.eval().requires_grad_(False),
-        tokenizer=Tokenizer.from_dir(path, dims.n_vocab),
+        tokenizer=random_tokenizer(size, cache_dir),
         suppress_tokens=[],
     )
+
+
+def random_tokenizer(size: str, cache_dir: Path | None = None) -> Tokenizer:
+    """The tokenizer a `random:<size>` model uses (multilingual; large-v3's for large-v3)."""
+    n_vocab = RANDOM_CONFIGS[size]["vocab_size"]
+    return Tokenizer.from_dir(_tokenizer_dir(n_vocab, cache_dir or default_cache_dir()), n_vocab)
 
 
 def default_device() -> torch.device:

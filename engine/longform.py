@@ -194,7 +194,11 @@ class Request:
                 (window.offset, window.offset + window.size / FRAMES_PER_SECOND, result.tokens)
             ]
         out = []
+        window_end = window.offset + window.size / FRAMES_PER_SECOND
         for start, end, tokens in pieces:
+            # The model may place an end past the audio it heard: keep segments inside it.
+            end = min(end, window_end)
+            start = min(start, end)
             text = self.tokenizer.decode(tokens)
             if start == end or not text.strip():  # instantaneous or empty: no segment
                 continue

@@ -7,11 +7,13 @@ Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
 - self-attention q, k, v are fused into one linear (`qkv`) and cross-attention k, v into another
   (`kv`); Whisper's key projections carry no bias, so the fused bias holds zeros for k;
 - the output head is tied to the token embedding;
-- caches are explicit tensors owned by the caller and addressed by slot index (`KVCache`): the
-  self-attention cache `[layer, slot, head, n_text_ctx, d_head]` and the cross-attention cache
-  `[layer, slot, head, n_audio_ctx, d_head]`, which is projected once per request
-  (`project_cross_kv`) and only read by decode steps. No hooks, no hidden state: this is what
-  CUDA graphs and continuous batching need.
+- caches are explicit tensors owned by the caller (`KVCache`): the self-attention cache
+  `[layer, slot, head, n_text_ctx, d_head]` and the cross-attention cache
+  `[layer, slot, head, n_audio_ctx, d_head]`, which is projected once per window
+  (`project_cross_kv`) and only read by decode steps. A batch is a contiguous range of slots
+  (`rows`), so every read is a view of the cache, never a gathered copy; the scheduler keeps
+  live sequences packed at the front. No hooks, no hidden state: this is what CUDA graphs and
+  continuous batching need.
 
 The network knows nothing of requests, tokens' meaning or decoding policy.
 """
@@ -63,7 +65,8 @@ class ModelDimensions:
 class KVCache:
     """Slot-indexed attention caches, preallocated once and reused by every request.
 
-    self_k, self_v: shape = (n_text_layer, n_slots, n_text_head, n_text_ctx, d_head)
+    self_k, self_v: shape = (n_text_layer, n_slots, n_text_head, text_ctx, d_head), where
+        text_ctx <= n_text_ctx is the most positions a sequence will use
     cross_k, cross_v: shape = (n_text_layer, n_slots, n_text_head, n_audio_ctx, d_head)
     """
 
@@ -74,10 +77,16 @@ class KVCache:
 
     @classmethod
     def allocate(
-        cls, dims: ModelDimensions, n_slots: int, device: torch.device | str, dtype: torch.dtype
+        cls,
+        dims: ModelDimensions,
+        n_slots: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        text_ctx: int | None = None,
     ) -> KVCache:
         d_head = dims.n_text_state // dims.n_text_head
-        self_shape = (dims.n_text_layer, n_slots, dims.n_text_head, dims.n_text_ctx, d_head)
+        text_ctx = min(text_ctx or dims.n_text_ctx, dims.n_text_ctx)
+        self_shape = (dims.n_text_layer, n_slots, dims.n_text_head, text_ctx, d_head)
         cross_shape = (dims.n_text_layer, n_slots, dims.n_text_head, dims.n_audio_ctx, d_head)
         return cls(
             self_k=torch.zeros(self_shape, device=device, dtype=dtype),
@@ -174,28 +183,27 @@ class DecoderBlock(nn.Module):
         self.fc2 = nn.Linear(n_ff, n_state)
 
     def forward(
-        self, x: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, layer: int, mask: Tensor
+        self, x: Tensor, positions: Tensor, rows: slice, cache: KVCache, layer: int, mask: Tensor
     ) -> Tensor:
         """mask: shape = (batch, 1, n_tokens, n_keys), True where a query may see a key"""
         h = self.attn.n_head
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         # Write this step's keys/values at each row's own positions, then attend over the
-        # slot's cache up to the furthest position in the batch, masking positions after
-        # each query's own (rows differ in length).
+        # first n_keys positions, masking those after each query's own (rows differ in length).
         # (Index tensors split by a slice put their axes first: the target is (b, t, head, d).)
-        rows = slots[:, None]
         b, t, d = k.shape
-        cache.self_k[layer][rows, :, positions] = k.view(b, t, h, d // h)
-        cache.self_v[layer][rows, :, positions] = v.view(b, t, h, d // h)
+        batch = torch.arange(b, device=x.device)[:, None]
+        cache.self_k[layer, rows][batch, :, positions] = k.view(b, t, h, d // h)
+        cache.self_v[layer, rows][batch, :, positions] = v.view(b, t, h, d // h)
         n_keys = mask.shape[-1]
-        keys = cache.self_k[layer][slots, :, :n_keys]
-        values = cache.self_v[layer][slots, :, :n_keys]
+        keys = cache.self_k[layer, rows, :, :n_keys]
+        values = cache.self_v[layer, rows, :, :n_keys]
         a = F.scaled_dot_product_attention(_heads(q, h), keys, values, attn_mask=mask)
         x = x + self.attn.out(_merge_heads(a))
 
         q = self.cross_attn.q(self.cross_attn_ln(x))
         a = F.scaled_dot_product_attention(
-            _heads(q, h), cache.cross_k[layer][slots], cache.cross_v[layer][slots]
+            _heads(q, h), cache.cross_k[layer, rows], cache.cross_v[layer, rows]
         )
         x = x + self.cross_attn.out(_merge_heads(a))
         return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
@@ -212,20 +220,29 @@ class TextDecoder(nn.Module):
         )
         self.ln = nn.LayerNorm(d)
 
-    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        rows: slice,
+        cache: KVCache,
+        n_keys: int | None = None,
+    ) -> Tensor:
         """
         tokens, positions: shape = (batch, n_tokens), each row's next tokens and their positions
-        slots: shape = (batch,), the cache slot of each row
+        rows: the batch's cache slots, a contiguous range of `batch` slots
+        n_keys: self-attention positions to read (a fixed bucket under CUDA graphs); default:
+            the furthest position in the batch + 1
         returns: logits, shape = (batch, n_tokens, n_vocab), in float32
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
-        n_keys = int(positions.max()) + 1
+        n_keys = n_keys or int(positions.max()) + 1
         key_positions = torch.arange(n_keys, device=tokens.device)
         mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, slots, cache, layer, mask)
+            x = block(x, positions, rows, cache, layer, mask)
         x = self.ln(x)
-        return (x @ self.token_embedding.weight.T).float()
+        return F.linear(x, self.token_embedding.weight).float()
 
 
 class Whisper(nn.Module):
@@ -235,13 +252,13 @@ class Whisper(nn.Module):
         self.encoder = AudioEncoder(dims)
         self.decoder = TextDecoder(dims)
 
-    def project_cross_kv(self, xa: Tensor, slots: Tensor, cache: KVCache) -> None:
-        """Project encoder output to every layer's cross-attention K/V, once per request.
+    def project_cross_kv(self, xa: Tensor, rows: slice, cache: KVCache) -> None:
+        """Project encoder output to every layer's cross-attention K/V, once per window.
 
-        xa: shape = (batch, n_audio_ctx, n_audio_state); slots: shape = (batch,)
+        xa: shape = (batch, n_audio_ctx, n_audio_state); rows: `batch` contiguous slots
         """
         h = self.dims.n_text_head
         for layer, block in enumerate(self.decoder.blocks):
             k, v = block.cross_attn.kv(xa).chunk(2, dim=-1)
-            cache.cross_k[layer][slots] = _heads(k, h)
-            cache.cross_v[layer][slots] = _heads(v, h)
+            cache.cross_k[layer, rows] = _heads(k, h)
+            cache.cross_v[layer, rows] = _heads(v, h)

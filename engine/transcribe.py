@@ -1,9 +1,10 @@
 """Transcribe audio or spectrograms of any length with a loaded Whisper model.
 
-Every input becomes a request (`engine.longform`) that hands out 30 s windows; windows of all
-requests are batched together through the encoder (cross-attention K/V projected once per
-window into cache slots) and decoded together, each row with its own prompt and temperature.
-Temperature fallback re-decodes only the rows that need it, from the same slots.
+Every input becomes a request (`engine.longform`) that hands out 30 s windows. The driver here
+feeds the windows of all requests to one continuous-batching scheduler (`engine.scheduler`):
+whenever slots are free, ready windows join the running batch; whenever a window finishes, its
+request takes the result and may hand out its next window at once. Temperature fallback
+re-decodes only the window that needs it, in its slot, from the K/V already projected.
 """
 
 from __future__ import annotations
@@ -16,13 +17,7 @@ import numpy as np
 import torch
 
 from engine.audio import Audio
-from engine.decoding import (
-    WindowResult,
-    build_filters,
-    decode,
-    detect_language,
-    suppressed_tokens,
-)
+from engine.decoding import build_filters, suppressed_tokens
 from engine.inputs import (
     MAX_SPECTROGRAM_FRAMES,
     MelSource,
@@ -38,8 +33,9 @@ from engine.longform import (
     TranscriptionOptions,
     Window,
 )
-from engine.model import KVCache
 from engine.result import Transcription
+from engine.scheduler import Scheduler, slot_bytes
+from engine.scheduler import Sequence as SchedSequence
 
 # bytes (an audio file or a .npy spectrogram), decoded 16 kHz samples (1-D), or a
 # spectrogram array (2-D or 3-D)
@@ -48,12 +44,22 @@ Progress = Callable[[int, float, float], None]  # (input index, seconds done, se
 
 
 class Transcriber:
-    """One model on one device."""
+    """One model on one device, with its pool of cache slots."""
 
-    def __init__(self, loaded: LoadedModel, max_batch: int = 16):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        n_slots: int | None = None,
+        encoder_batch: int | None = None,
+        graphs: bool | None = None,
+    ):
+        """graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly."""
         self.loaded = loaded
-        self.max_batch = max_batch  # windows per encoder batch
+        self.graphs = graphs
+        self.n_slots = n_slots or default_slots(loaded)
+        self.encoder_batch = min(encoder_batch or 16, self.n_slots)
         self.max_spectrogram_frames = MAX_SPECTROGRAM_FRAMES
+        self._schedulers: dict[tuple, Scheduler] = {}
 
     @classmethod
     def load(
@@ -80,6 +86,47 @@ class Transcriber:
             item = Audio(item)
         return audio_source(item, m.dims.n_mels, m.device)
 
+    def scheduler(self, options: TranscriptionOptions) -> Scheduler:
+        """The scheduler for these options' decoding rules (kept: its CUDA graphs are too)."""
+        m = self.loaded
+        # a prompt of previous text (up to half the context) needs a longer self-attention
+        # cache than the start-of-transcript tokens alone
+        context = options.initial_prompt or (
+            options.mode == "sequential" and options.condition_on_previous_text
+        )
+        max_prompt = m.dims.n_text_ctx // 2 + 4 if context else 4
+        key = (
+            options.suppress_blank,
+            options.suppress_tokens,
+            options.max_initial_timestamp,
+            options.sample_len,
+            max_prompt,
+        )
+        if key not in self._schedulers:
+            self._schedulers.clear()  # one pool of slots at a time
+            suppress = suppressed_tokens(m.tokenizer, m.suppress_tokens, options.suppress_tokens)
+            filters = build_filters(
+                m.tokenizer,
+                m.dims.n_vocab,
+                suppress,
+                options.suppress_blank,
+                options.max_initial_timestamp,
+                m.dims.n_audio_ctx,
+                m.device,
+            )
+            self._schedulers[key] = Scheduler(
+                m,
+                filters,
+                self.n_slots,
+                options.sample_len or m.dims.n_text_ctx // 2,
+                self.encoder_batch,
+                graphs=self.graphs,
+                generator=torch.Generator(m.device),
+                full_keys=m.device.type == "cuda",
+                max_prompt=max_prompt,
+            )
+        return self._schedulers[key]
+
     def transcribe(
         self,
         item: Input,
@@ -99,66 +146,46 @@ class Transcriber:
         options = (options or TranscriptionOptions()).verified(m.tokenizer)
         kind = SequentialRequest if options.mode == "sequential" else ChunkedRequest
         requests = [kind(self.source(item), options, m.tokenizer) for item in items]
-        suppress = suppressed_tokens(m.tokenizer, m.suppress_tokens, options.suppress_tokens)
-        filters = build_filters(
-            m.tokenizer,
-            m.dims.n_vocab,
-            suppress,
-            options.suppress_blank,
-            options.max_initial_timestamp,
-            m.dims.n_audio_ctx,
-            m.device,
-        )
-        generator = torch.Generator(m.device).manual_seed(options.seed)
-        sample_len = options.sample_len or m.dims.n_text_ctx // 2
-
-        while not all(r.done for r in requests):
-            batch: list[tuple[Request, Window]] = []
-            for r in requests:
-                for window in r.ready():
-                    batch.append((r, window))
-                    if len(batch) == self.max_batch:
-                        break
-                if len(batch) == self.max_batch:
+        sched = self.scheduler(options)
+        sched.generator.manual_seed(options.seed)
+        while True:
+            self._admit(sched, requests, options)
+            if sched.n_live == 0:
+                if all(r.done for r in requests):
                     break
-            results = self._decode(batch, options, filters, sample_len, generator)
-            for (r, window), result in zip(batch, results, strict=True):
+                raise RuntimeError("no window is ready, yet some inputs are not done")
+            for index, sequence, result in sched.step():
+                r, window = sequence.owner
+                retry = sequence.attempt + 1
+                if options.needs_fallback(result) and retry < len(options.temperature):
+                    sched.restart(index, r.task(window, options.temperature[retry]), retry)
+                    continue
+                sched.release(index)
                 r.accept(window, result)
-            if progress:
-                for i, r in enumerate(requests):
-                    progress(i, r.done_seconds, r.source.duration)
+                if progress:
+                    progress(requests.index(r), r.done_seconds, r.source.duration)
+            sched.compact()
         return [self._result(r, options) for r in requests]
 
-    def _decode(self, batch, options, filters, sample_len, generator) -> list[WindowResult]:
-        m = self.loaded
-        mel = torch.stack([w.mel for _, w in batch]).to(m.dtype)
-        cache = KVCache.allocate(m.dims, len(batch), m.device, m.dtype)
-        slots = torch.arange(len(batch), device=m.device)
-        m.model.project_cross_kv(m.model.encoder(mel), slots, cache)
-
-        undetected = [i for i, (r, _) in enumerate(batch) if r.language is None]
-        if undetected:
-            codes, probs = detect_language(m.model, cache, slots[undetected], m.tokenizer)
-            for i, code, prob in zip(undetected, codes, probs, strict=True):
-                r = batch[i][0]
+    def _admit(self, sched: Scheduler, requests: list[Request], options) -> None:
+        """Fill free slots with the windows that are ready, as one encoder batch."""
+        room = sched.room()
+        batch: list[tuple[Request, Window]] = []
+        for r in requests:
+            for window in r.ready() if len(batch) < room else ():
+                batch.append((r, window))
+                if len(batch) == room:
+                    break
+        if not batch:
+            return
+        rows = sched.encode(torch.stack([w.mel for _, w in batch]).to(self.loaded.dtype))
+        if any(r.language is None for r, _ in batch):
+            codes, probs = sched.detect_language(rows)
+            for (r, _), code, prob in zip(batch, codes, probs, strict=True):
                 if r.language is None:  # a request's first window decides
                     r.language, r.language_probability = code, prob
-
-        results: list[WindowResult | None] = [None] * len(batch)
-        pending = list(range(len(batch)))
-        for temperature in options.temperature:
-            tasks = [batch[i][0].task(batch[i][1], temperature) for i in pending]
-            out = decode(
-                m.model, cache, slots[pending], tasks, m.tokenizer, filters, sample_len, generator
-            )
-            for i, result in zip(pending, out, strict=True):
-                results[i] = result
-            pending = [
-                i for i, result in zip(pending, out, strict=True) if options.needs_fallback(result)
-            ]
-            if not pending:
-                break
-        return results
+        first = options.temperature[0]
+        sched.start(rows, [SchedSequence((r, w), r.task(w, first)) for r, w in batch])
 
     def _result(self, r: Request, options: TranscriptionOptions) -> Transcription:
         tokens = [t for s in r.segments for t in s.tokens]
@@ -169,5 +196,14 @@ class Transcriber:
             duration=round(r.source.duration, 3),
             segments=r.segments,
             model=self.loaded.name,
-            options={k: v for k, v in options.__dict__.items()},
+            options=dict(options.__dict__),
         )
+
+
+def default_slots(loaded: LoadedModel) -> int:
+    """Slots for the pool: on CUDA as many as half the free memory holds (at most 512), on
+    the CPU 16."""
+    if loaded.device.type != "cuda":
+        return 16
+    free, _ = torch.cuda.mem_get_info(loaded.device)
+    return max(1, min(512, free // 2 // slot_bytes(loaded)))

@@ -172,6 +172,40 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine import bench
+    from engine.loader import load_model
+
+    if not torch.cuda.is_available():
+        print("whisperfleet bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = []
+    for size in args.model.split(","):
+        batches = [int(b) for b in args.batches.split(",")]
+        for system in args.systems.split(","):
+            for b in batches:
+                if system == "engine":
+                    loaded = load_model(f"random:{size}", device="cuda", dtype=torch.float16)
+                    rows.append(bench.bench_engine(loaded, b, args.tokens))
+                    if args.mixed and b > 1:
+                        rows.append(bench.bench_engine(loaded, b, (10, 200)))
+                    del loaded
+                    torch.cuda.empty_cache()
+                else:
+                    try:
+                        rows.append(bench.bench_transformers(size, b, system, args.tokens))
+                    except Exception as e:  # out of memory, or a transformers limit: say so
+                        print(f"transformers {system} at batch {b}: {e!r}"[:300], file=sys.stderr)
+                    torch.cuda.empty_cache()
+                print(bench.table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(bench.table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="whisperfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,6 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-reference", action="store_true", help="skip transformers")
     p.add_argument("--json", metavar="PATH", help="also write every clip's texts here")
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser("bench", help="engine vs transformers on the GPU (random weights)")
+    p.add_argument("--model", default="tiny,base,small,large-v3", help="sizes, comma-separated")
+    p.add_argument("--batches", default="1,128", help="batch sizes, comma-separated")
+    p.add_argument(
+        "--systems",
+        default="dynamic,static,engine",
+        help="transformers caches (dynamic, static) and/or engine",
+    )
+    p.add_argument("--tokens", type=int, default=100, help="new tokens per window")
+    p.add_argument("--mixed", action="store_true", help="also 10-200 tokens, uniformly")
+    p.add_argument("--json", metavar="PATH", help="also write the rows here")
+    p.set_defaults(func=_bench)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -190,8 +190,9 @@ def test_two_hours_are_decoded_within_a_bounded_window_of_memory():
     """Both passes over 2 h of 8 kHz audio (pulled window by window, as the decoder would)
     while the process grows by far less than the decoded audio (460 MB at 16 kHz float32) or
     its log-mel (230 MB) would take."""
-    out = subprocess.run([sys.executable, "-c", TWO_HOURS], capture_output=True, text=True,
-                         check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", TWO_HOURS], capture_output=True, text=True, check=True
+    ).stdout.split()
     n_frames, windows_frames, grown_mb = map(int, out)
     assert n_frames == 2 * 3600 * 100 and windows_frames == 240 * 3000
     assert grown_mb < 150, f"decoding 2 h grew the process by {grown_mb} MB"

@@ -14,5 +14,6 @@ def test_eval_reports_engine_and_transformers_side_by_side(tiny_en):
     engine, reference = rows["WER %, English clips <= 30 s (3)"]
     assert float(engine) <= float(reference) + 0.3
     assert rows["greedy tokens identical, clips <= 30 s"][0] == "3/3"
+    assert rows["segment timestamps monotonic and inside the audio"][0] == "3/3"
     assert float(rows["audio seconds per second"][0]) > 0
     assert report.table().startswith("model tiny.en, cpu float32, 3 clips")

@@ -18,8 +18,9 @@ CPU = torch.device("cpu")
 def extractor_features(audio: np.ndarray, long: bool = False) -> np.ndarray:
     fe = WhisperFeatureExtractor(feature_size=80)
     if long:
-        return fe(audio, sampling_rate=16000, truncation=False, padding="longest",
-                  return_tensors="np").input_features  # fmt: skip
+        return fe(
+            audio, sampling_rate=16000, truncation=False, padding="longest", return_tensors="np"
+        ).input_features
     return fe(audio, sampling_rate=16000, return_tensors="np").input_features
 
 

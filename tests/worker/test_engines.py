@@ -14,8 +14,9 @@ def test_unknown_model_lists_the_served_ones():
 
 def test_least_recently_used_model_is_dropped_to_fit_the_budget():
     # tiny.en is ~150 MB and base ~290 MB in fp32: a 400 MB budget holds one of them
-    engines = Engines(Settings(models="tiny.en,base", model_memory_bytes=400 * 1024**2,
-                               device="cpu"))  # fmt: skip
+    engines = Engines(
+        Settings(models="tiny.en,base", model_memory_bytes=400 * 1024**2, device="cpu")
+    )
     engines.get("tiny.en")
     assert engines.loaded == ["tiny.en"]
     engines.get("base")

@@ -12,14 +12,30 @@ RESULT = {
     "model": "tiny.en",
     "options": {"task": "transcribe"},
     "segments": [
-        {"id": 0, "start": 0.0, "end": 1.5, "text": " Hello there.", "tokens": [1, 2],
-         "avg_logprob": -0.2, "compression_ratio": 1.1, "no_speech_prob": 0.01,
-         "temperature": 0.0},
-        {"id": 1, "start": 3661.005, "end": 3725.5, "text": " General Kenobi.", "tokens": [3],
-         "avg_logprob": -0.3, "compression_ratio": 1.1, "no_speech_prob": 0.02,
-         "temperature": 0.2},
+        {
+            "id": 0,
+            "start": 0.0,
+            "end": 1.5,
+            "text": " Hello there.",
+            "tokens": [1, 2],
+            "avg_logprob": -0.2,
+            "compression_ratio": 1.1,
+            "no_speech_prob": 0.01,
+            "temperature": 0.0,
+        },
+        {
+            "id": 1,
+            "start": 3661.005,
+            "end": 3725.5,
+            "text": " General Kenobi.",
+            "tokens": [3],
+            "avg_logprob": -0.3,
+            "compression_ratio": 1.1,
+            "no_speech_prob": 0.02,
+            "temperature": 0.2,
+        },
     ],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -58,6 +74,15 @@ def test_verbose_json_is_openais_shape():
     body = json.loads(WRITERS["verbose_json"].render(RESULT))
     assert body["task"] == "transcribe" and body["language"] == "english"
     assert body["duration"] == 3725.5 and body["text"] == RESULT["text"]
-    assert set(body["segments"][1]) == {"id", "seek", "start", "end", "text", "tokens",
-                                        "temperature", "avg_logprob", "compression_ratio",
-                                        "no_speech_prob"}  # fmt: skip
+    assert set(body["segments"][1]) == {
+        "id",
+        "seek",
+        "start",
+        "end",
+        "text",
+        "tokens",
+        "temperature",
+        "avg_logprob",
+        "compression_ratio",
+        "no_speech_prob",
+    }

@@ -1,0 +1,390 @@
+"""Continuous batching of 30 s windows over a pool of cache slots.
+
+The only module that knows sequences and slots. Live sequences are packed at the front of the
+pool (slots 0 .. n_live - 1), so a decode step is the model run on the range `[:bucket]` of
+every buffer, and every cache read is a view. Between steps, finished sequences leave (the
+last live sequence moves into the hole) and new windows join: their encoder batch runs, their
+cross-attention K/V are projected once into their slots, their prompts are prefilled; then
+they decode in the same steps as everyone else. A batch of mixed lengths never waits for its
+longest member.
+
+On CUDA the encoder (per batch bucket) and the decode step (per live-count bucket) are
+captured as CUDA graphs and replayed; elsewhere the same functions run eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.decoding import DecodeState, LogitFilter, WindowResult, WindowTask, compression_ratio
+from engine.decoding import prompt_tokens as build_prompt
+from engine.loader import LoadedModel
+from engine.mel import N_FRAMES
+from engine.model import KVCache
+
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+ENCODER_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+KEY_STEP = 64  # self-attention reads positions in buckets of this many
+
+
+def slot_bytes(loaded: LoadedModel) -> int:
+    """Cache bytes one slot takes: self- and cross-attention K/V of every layer."""
+    d = loaded.dims
+    return (
+        2
+        * d.n_text_layer
+        * d.n_text_state
+        * (d.n_text_ctx + d.n_audio_ctx)
+        * (loaded.dtype.itemsize)
+    )
+
+
+@dataclass
+class Sequence:
+    """One window being decoded in a slot."""
+
+    owner: object  # what the caller gets back with the result
+    task: WindowTask
+    attempt: int = 0  # index into the caller's temperatures
+    min_tokens: int = 0  # end-of-text is suppressed before this many tokens (benchmarks)
+    max_tokens: int | None = None  # at most this many (default: the scheduler's sample_len)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        filters: list[LogitFilter],
+        n_slots: int,
+        sample_len: int,
+        encoder_batch: int = 16,
+        graphs: bool | None = None,
+        generator: torch.Generator | None = None,
+        full_keys: bool | None = None,
+        max_prompt: int | None = None,
+    ):
+        """max_prompt: the longest prompt a window will have (default: half the text context,
+        room for previous text); with `sample_len` it sizes the self-attention cache."""
+        self.m = loaded
+        d, device = loaded.dims, loaded.device
+        self.filters, self.sample_len, self.generator = filters, sample_len, generator
+        self.n_slots, self.encoder_batch = n_slots, encoder_batch
+        self.graphs = device.type == "cuda" if graphs is None else graphs
+        # Self-attention reads all n_text_ctx positions under graphs (a fixed shape), else only
+        # up to the furthest one; `full_keys` forces the former, to compare graph and eager.
+        # Under graphs the self-attention reads a bucket of positions (KEY_STEP multiples)
+        # covering the furthest live one; eagerly, just up to it. `full_keys` forces buckets,
+        # to compare graph and eager on the same shapes.
+        self.pad_to_buckets = self.graphs if full_keys is None else full_keys
+        self.tok = loaded.tokenizer
+        max_prompt = max_prompt or d.n_text_ctx // 2 + 4
+        text_ctx = min(d.n_text_ctx, -(-(max_prompt + sample_len) // KEY_STEP) * KEY_STEP)
+        self.text_ctx = text_ctx
+        self.cache = KVCache.allocate(d, n_slots, device, loaded.dtype, text_ctx)
+
+        def slots(fill, dtype=torch.long):
+            return torch.full((n_slots,), fill, dtype=dtype, device=device)
+
+        self.token, self.position, self.n_sampled = slots(0), slots(0), slots(0)
+        self.last, self.penultimate, self.last_timestamp = slots(-1), slots(-1), slots(-1)
+        self.timestamps = slots(False, torch.bool)
+        self.finished = slots(True, torch.bool)
+        self.temperature = slots(0.0, torch.float32)
+        self.sampling = slots(False, torch.bool)
+        self.min_tokens, self.limit = slots(0), slots(sample_len)
+        self.sum_logprob, self.no_speech = slots(0.0, torch.float32), slots(0.0, torch.float32)
+        self.sampled = torch.full((n_slots, sample_len), self.tok.eot, device=device)
+        self.logits = torch.zeros(n_slots, d.n_vocab, device=device)
+        self.drawn = slots(0)
+        self.live: list[Sequence | None] = []
+        self.next_position: list[int] = []  # host copy of each live row's fed position
+
+        self.mel_in = torch.zeros(
+            encoder_batch, d.n_mels, N_FRAMES, device=device, dtype=loaded.dtype
+        )
+        self.xa_out: torch.Tensor | None = None
+        self._pool = None
+        self._step_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]] = {}
+        self._encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    # --- bookkeeping -------------------------------------------------------------------------
+
+    @property
+    def n_live(self) -> int:
+        return len(self.live)
+
+    @property
+    def free(self) -> int:
+        return self.n_slots - len(self.live)
+
+    def room(self) -> int:
+        """Windows to admit now: while others decode, wait until a full encoder batch fits,
+        so the encoder runs at its batch size rather than one window at a time."""
+        room = min(self.free, self.encoder_batch)
+        return room if not self.live or room == self.encoder_batch else 0
+
+    def _state(self, b: int) -> DecodeState:
+        return DecodeState(
+            n_sampled=self.n_sampled[:b],
+            last=self.last[:b],
+            penultimate=self.penultimate[:b],
+            last_timestamp=self.last_timestamp[:b],
+            timestamps=self.timestamps[:b],
+        )
+
+    def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """Capture `fn` (after warm-up runs on a side stream) into a graph sharing one pool."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            fn()
+        self._pool = graph.pool()
+        return graph
+
+    # --- encoder -----------------------------------------------------------------------------
+
+    def _encode_into(self, n: int) -> None:
+        self.xa_out[:n] = self.m.model.encoder(self.mel_in[:n])
+
+    @torch.inference_mode()
+    def encode(self, mels: torch.Tensor) -> slice:
+        """Encode windows (n, n_mels, 3000) into the next free slots; return their range."""
+        n = len(mels)
+        if n > min(self.free, self.encoder_batch):
+            raise ValueError(f"{n} windows, but room for {min(self.free, self.encoder_batch)}")
+        rows = slice(self.n_live, self.n_live + n)
+        self.mel_in[:n] = mels
+        if self.xa_out is None:
+            d = self.m.dims
+            self.xa_out = torch.zeros(
+                self.encoder_batch,
+                d.n_audio_ctx,
+                d.n_audio_state,
+                device=self.m.device,
+                dtype=self.m.dtype,
+            )
+        bucket = n
+        if self.pad_to_buckets:
+            bucket = ENCODER_BUCKETS[bisect.bisect_left(ENCODER_BUCKETS, n)]
+            bucket = min(bucket, self.encoder_batch)
+        if self.graphs:
+            if bucket not in self._encoder_graphs:
+                self._encoder_graphs[bucket] = self._graph(lambda: self._encode_into(bucket))
+            self._encoder_graphs[bucket].replay()
+        else:
+            self._encode_into(bucket)
+        self.m.model.project_cross_kv(self.xa_out[:n], rows, self.cache)
+        return rows
+
+    @torch.inference_mode()
+    def detect_language(self, rows: slice) -> tuple[list[str], list[float]]:
+        """Most likely language of each encoded window, from the first step's logits."""
+        codes = list(self.tok.language_ids)
+        ids = torch.tensor(list(self.tok.language_ids.values()), device=self.m.device)
+        n = rows.stop - rows.start
+        tokens = torch.full((n, 1), self.tok.sot, device=self.m.device)
+        logits = self.m.model.decoder(tokens, torch.zeros_like(tokens), rows, self.cache)
+        probs = logits[:, 0, ids].softmax(dim=-1)
+        best = probs.argmax(dim=-1)
+        return [codes[i] for i in best.tolist()], probs.gather(1, best[:, None])[:, 0].tolist()
+
+    # --- admission ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def start(self, rows: slice, sequences: list[Sequence]) -> None:
+        """Prefill the prompts of encoded windows and make them live."""
+        if rows.start != self.n_live or rows.stop - rows.start != len(sequences):
+            raise ValueError("start the windows of the last encode, in order")
+        self.live.extend(sequences)
+        self.next_position.extend([0] * len(sequences))
+        self._prefill(rows, sequences)
+
+    def _prefill(self, rows: slice, sequences: list[Sequence]) -> None:
+        device, n_ctx = self.m.device, self.m.dims.n_text_ctx
+        prompts = [build_prompt(self.tok, s.task, n_ctx) for s in sequences]
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        width = max(len(p) for p in prompts)
+        padded = [p + [self.tok.eot] * (width - len(p)) for p in prompts]
+        tokens = torch.tensor(padded, device=device)
+        positions = torch.arange(width, device=device).expand(len(prompts), -1)
+        # the last prompt token is fed again by the first step, which samples after it
+        logits = self.m.model.decoder(tokens, positions, rows, self.cache)
+        batch = torch.arange(len(prompts), device=device)
+        sot = torch.tensor([p.index(self.tok.sot) for p in prompts], device=device)
+        self.no_speech[rows] = logits[batch, sot].softmax(-1)[:, self.tok.no_speech]
+        self.token[rows] = tokens[batch, lengths - 1]
+        self.position[rows] = lengths - 1
+        self.next_position[rows] = [len(p) - 1 for p in prompts]
+        self.n_sampled[rows] = 0
+        self.last[rows], self.penultimate[rows], self.last_timestamp[rows] = -1, -1, -1
+        self.finished[rows] = False
+        self.sum_logprob[rows] = 0.0
+        self.sampled[rows] = self.tok.eot
+        temperature = torch.tensor([s.task.temperature for s in sequences], device=device)
+        self.temperature[rows] = temperature
+        self.sampling[rows] = temperature > 0
+        self.timestamps[rows] = torch.tensor([s.task.timestamps for s in sequences], device=device)
+        self.min_tokens[rows] = torch.tensor([s.min_tokens for s in sequences], device=device)
+        max_tokens = torch.tensor(
+            [s.max_tokens or self.sample_len for s in sequences], device=device
+        ).clamp(max=self.sample_len)
+        self.limit[rows] = torch.minimum(max_tokens, self.text_ctx - lengths)
+
+    @torch.inference_mode()
+    def restart(self, index: int, task: WindowTask, attempt: int) -> None:
+        """Decode a finished window again (a hotter temperature), in the same slot."""
+        sequence = self.live[index]
+        sequence.task, sequence.attempt = task, attempt
+        self._prefill(slice(index, index + 1), [sequence])
+
+    def release(self, index: int) -> None:
+        self.live[index] = None
+
+    def compact(self) -> None:
+        """Fill the holes released sequences left with the last live ones."""
+
+        def drop_tail() -> None:
+            while self.live and self.live[-1] is None:
+                self.live.pop()
+                self.next_position.pop()
+
+        drop_tail()
+        for hole in [i for i, s in enumerate(self.live) if s is None]:
+            if hole >= len(self.live):
+                break
+            self._move(len(self.live) - 1, hole)
+            self.live[hole] = self.live.pop()
+            self.next_position[hole] = self.next_position.pop()
+            drop_tail()
+
+    def _move(self, src: int, dst: int) -> None:
+        for t in (self.cache.self_k, self.cache.self_v, self.cache.cross_k, self.cache.cross_v):
+            t[:, dst].copy_(t[:, src])
+        for t in (
+            self.token,
+            self.position,
+            self.n_sampled,
+            self.last,
+            self.penultimate,
+            self.last_timestamp,
+            self.timestamps,
+            self.finished,
+            self.temperature,
+            self.sampling,
+            self.min_tokens,
+            self.limit,
+            self.sum_logprob,
+            self.no_speech,
+            self.sampled,
+        ):
+            t[dst] = t[src]
+
+    # --- decoding ----------------------------------------------------------------------------
+
+    def _forward(self, b: int, n_keys: int | None, timestamps: bool) -> None:
+        """Logits after the last fed token of rows [:b], with Whisper's rules applied."""
+        logits = self.m.model.decoder(
+            self.token[:b, None], self.position[:b, None], slice(0, b), self.cache, n_keys
+        )[:, -1]
+        for f in self.filters:
+            if timestamps or not f.only_with_timestamps:
+                f.apply(logits, self._state(b))
+        early = self.n_sampled[:b] < self.min_tokens[:b]
+        logits[:, self.tok.eot] = logits[:, self.tok.eot].masked_fill(early, float("-inf"))
+        self.logits[:b] = logits
+
+    def _commit(self, b: int) -> None:
+        """Take each row's next token (greedy, or drawn when sampling) and advance its state."""
+        logits, done = self.logits[:b], self.finished[:b]
+        chosen = torch.where(self.sampling[:b], self.drawn[:b], logits.argmax(dim=-1))
+        logprob = F.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+        self.sum_logprob[:b] += logprob.masked_fill(done, 0.0)
+        chosen = chosen.masked_fill(done, self.tok.eot)
+        column = self.n_sampled[:b].clamp(max=self.sample_len - 1)
+        self.sampled[:b].scatter_(1, column[:, None], chosen[:, None])
+        self.penultimate[:b] = torch.where(done, self.penultimate[:b], self.last[:b])
+        self.last[:b] = torch.where(done, self.last[:b], chosen)
+        stamp = ~done & (chosen >= self.tok.timestamp_begin)
+        self.last_timestamp[:b] = torch.where(stamp, chosen, self.last_timestamp[:b])
+        self.n_sampled[:b] += (~done).long()
+        ended = (chosen == self.tok.eot) | (self.n_sampled[:b] >= self.limit[:b])
+        self.finished[:b] = done | ended
+        self.token[:b] = chosen
+        self.position[:b] = (self.position[:b] + 1).clamp(max=self.text_ctx - 1)
+
+    def _bucket(self, n: int) -> int:
+        i = bisect.bisect_left(DECODE_BUCKETS, n)
+        return min(DECODE_BUCKETS[i] if i < len(DECODE_BUCKETS) else self.n_slots, self.n_slots)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, Sequence, WindowResult]]:
+        """One decode step for every live sequence; return those that finished."""
+        n = self.n_live
+        if n == 0:
+            return []
+        timestamps = any(s.task.timestamps for s in self.live)
+        b, n_keys = n, None
+        if self.pad_to_buckets:
+            b = self._bucket(n)
+            n_keys = min(-(-(max(self.next_position) + 1) // KEY_STEP) * KEY_STEP, self.text_ctx)
+        key = (b, n_keys, timestamps)
+        if self.graphs and key not in self._step_graphs:
+            self._step_graphs[key] = (
+                self._graph(lambda: self._forward(*key)),
+                self._graph(lambda: self._commit(b)),
+            )
+        if self.graphs:
+            self._step_graphs[key][0].replay()
+        else:
+            self._forward(*key)
+        if any(s.task.temperature > 0 for s in self.live):
+            scaled = self.logits[:n] / self.temperature[:n, None].clamp(min=1e-6)
+            draw = torch.multinomial(scaled.softmax(dim=-1), 1, generator=self.generator)
+            self.drawn[:n] = draw[:, 0]
+        if self.graphs:
+            self._step_graphs[key][1].replay()
+        else:
+            self._commit(b)
+        self.next_position = [min(p + 1, self.text_ctx - 1) for p in self.next_position]
+        return self._finished(n)
+
+    def _finished(self, n: int) -> list[tuple[int, Sequence, WindowResult]]:
+        done = self.finished[:n].nonzero()[:, 0]
+        if len(done) == 0:
+            return []
+        rows = done.tolist()
+        counts = self.n_sampled[done].tolist()
+        sampled = self.sampled[done].tolist()
+        sums, no_speech = self.sum_logprob[done].tolist(), self.no_speech[done].tolist()
+        out = []
+        for i, row, count, total, ns in zip(rows, sampled, counts, sums, no_speech, strict=True):
+            tokens = row[:count]
+            if self.tok.eot in tokens:
+                tokens = tokens[: tokens.index(self.tok.eot)]
+            text = self.tok.decode(tokens)
+            sequence = self.live[i]
+            out.append(
+                (
+                    i,
+                    sequence,
+                    WindowResult(
+                        tokens=tokens,
+                        text=text,
+                        avg_logprob=total / (len(tokens) + 1),
+                        no_speech_prob=ns,
+                        compression_ratio=compression_ratio(text.strip()),
+                        temperature=sequence.task.temperature,
+                    ),
+                )
+            )
+        return out
