@@ -85,7 +85,7 @@ def engine_run(
         out: list[list[int]] = [[] for _ in range(n_windows)]
         queued = list(range(n_windows))
         while queued or sched.n_live:
-            room = min(sched.room(), len(queued))
+            room = sched.room(len(queued))
             if room:
                 ids, queued = queued[:room], queued[room:]
                 rows = sched.encode(mels[[i % len(mels) for i in ids]])

@@ -33,7 +33,8 @@ KEY_STEP = 64  # self-attention reads positions in buckets of this many
 
 
 def slot_bytes(loaded: LoadedModel) -> int:
-    """Cache bytes one slot takes: self- and cross-attention K/V of every layer."""
+    """Cache bytes one slot takes at most: self- (all n_text_ctx positions) and cross-attention
+    K/V of every layer."""
     d = loaded.dims
     return (
         2
@@ -75,8 +76,6 @@ class Scheduler:
         self.filters, self.sample_len, self.generator = filters, sample_len, generator
         self.n_slots, self.encoder_batch = n_slots, encoder_batch
         self.graphs = device.type == "cuda" if graphs is None else graphs
-        # Self-attention reads all n_text_ctx positions under graphs (a fixed shape), else only
-        # up to the furthest one; `full_keys` forces the former, to compare graph and eager.
         # Under graphs the self-attention reads a bucket of positions (KEY_STEP multiples)
         # covering the furthest live one; eagerly, just up to it. `full_keys` forces buckets,
         # to compare graph and eager on the same shapes.
@@ -122,11 +121,13 @@ class Scheduler:
     def free(self) -> int:
         return self.n_slots - len(self.live)
 
-    def room(self) -> int:
-        """Windows to admit now: while others decode, wait until a full encoder batch fits,
-        so the encoder runs at its batch size rather than one window at a time."""
-        room = min(self.free, self.encoder_batch)
-        return room if not self.live or room == self.encoder_batch else 0
+    def room(self, waiting: int) -> int:
+        """How many of `waiting` windows to admit now. While others decode, wait until all of
+        them, up to a full encoder batch, fit: the encoder then runs at its batch size rather
+        than one window at a time."""
+        want = min(waiting, self.encoder_batch)
+        room = min(self.free, want)
+        return room if not self.live or room == want else 0
 
     def _state(self, b: int) -> DecodeState:
         return DecodeState(

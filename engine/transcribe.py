@@ -148,8 +148,9 @@ class Transcriber:
         requests = [kind(self.source(item), options, m.tokenizer) for item in items]
         sched = self.scheduler(options)
         sched.generator.manual_seed(options.seed)
+        waiting: list[tuple[Request, Window]] = []
         while True:
-            self._admit(sched, requests, options)
+            self._admit(sched, requests, waiting, options)
             if sched.n_live == 0:
                 if all(r.done for r in requests):
                     break
@@ -167,17 +168,17 @@ class Transcriber:
             sched.compact()
         return [self._result(r, options) for r in requests]
 
-    def _admit(self, sched: Scheduler, requests: list[Request], options) -> None:
-        """Fill free slots with the windows that are ready, as one encoder batch."""
-        room = sched.room()
-        batch: list[tuple[Request, Window]] = []
+    def _admit(self, sched: Scheduler, requests: list[Request], waiting: list, options) -> None:
+        """Admit ready windows (kept in `waiting` until they fit) as one encoder batch."""
         for r in requests:
-            for window in r.ready() if len(batch) < room else ():
-                batch.append((r, window))
-                if len(batch) == room:
+            for window in r.ready() if len(waiting) < sched.encoder_batch else ():
+                waiting.append((r, window))
+                if len(waiting) == sched.encoder_batch:
                     break
-        if not batch:
+        room = sched.room(len(waiting))
+        if not room:
             return
+        batch, waiting[:] = waiting[:room], waiting[room:]
         rows = sched.encode(torch.stack([w.mel for _, w in batch]).to(self.loaded.dtype))
         if any(r.language is None for r, _ in batch):
             codes, probs = sched.detect_language(rows)

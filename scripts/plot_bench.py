@@ -1,0 +1,52 @@
+"""Plot `whisperfleet bench --json` results: windows/s by batch, engine vs transformers.
+
+python scripts/plot_bench.py docs/bench/*.json --out docs/bench/throughput.png
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rows = [r for f in args.files for r in json.loads(f.read_text()) if r["tokens"] == "100"]
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = [r for r in rows if r["model"] == model]
+        systems = sorted({r["system"] for r in mine})
+        batches = sorted({r["batch"] for r in mine})
+        width = 0.8 / len(systems)
+        for i, system in enumerate(systems):
+            values = [
+                next(
+                    (r["windows_per_s"] for r in mine if r["system"] == system and r["batch"] == b),
+                    0.0,
+                )
+                for b in batches
+            ]
+            bars = ax.bar([x + i * width for x in range(len(batches))], values, width, label=system)
+            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        ax.set_xticks(
+            [x + width * (len(systems) - 1) / 2 for x in range(len(batches))],
+            [f"batch {b}" for b in batches],
+        )
+        ax.set_yscale("log")
+        ax.set_title(f"{model}, fp16, H200, 100 tokens per 30 s window")
+        ax.set_ylabel("windows / s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
