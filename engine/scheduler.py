@@ -139,7 +139,24 @@ class Scheduler:
         )
 
     def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
-        """Capture `fn` (after warm-up runs on a side stream) into a graph sharing one pool."""
+        """Capture `fn` into a graph sharing one memory pool.
+
+        The warm-up runs that capture needs really execute; the decode state they advance is
+        put back afterwards, so capturing mid-stream changes no sequence.
+        """
+        state = (
+            self.token,
+            self.position,
+            self.n_sampled,
+            self.last,
+            self.penultimate,
+            self.last_timestamp,
+            self.finished,
+            self.sum_logprob,
+            self.sampled,
+            self.logits,
+        )
+        saved = [t.clone() for t in state]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -150,6 +167,8 @@ class Scheduler:
         with torch.cuda.graph(graph, pool=self._pool):
             fn()
         self._pool = graph.pool()
+        for t, s in zip(state, saved, strict=True):
+            t.copy_(s)
         return graph
 
     # --- encoder -----------------------------------------------------------------------------
