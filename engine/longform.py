@@ -188,11 +188,8 @@ class Request:
         raise NotImplementedError
 
     def _segments(self, window: Window, result: WindowResult) -> tuple[list[Segment], int]:
+        # (without timestamps the tokens hold none: one piece, the whole window)
         pieces, advance = split_segments(result.tokens, self.tokenizer, window)
-        if not self.options.timestamps:
-            pieces = [
-                (window.offset, window.offset + window.size / FRAMES_PER_SECOND, result.tokens)
-            ]
         out = []
         window_end = window.offset + window.size / FRAMES_PER_SECOND
         for start, end, tokens in pieces:
@@ -255,8 +252,6 @@ class SequentialRequest(Request):
             self.seek += window.size
             return
         segments, advance = self._segments(window, result)
-        if not self.options.timestamps:
-            advance = window.size
         for s in segments:
             self.segments.append(Segment(**{**s.__dict__, "id": len(self.segments)}))
             self.all_tokens.extend(s.tokens)

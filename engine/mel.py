@@ -54,16 +54,14 @@ def mel_filters(n_mels: int) -> np.ndarray:
     return filters * (2.0 / (hz_edges[2:] - hz_edges[:-2]))[None, :]
 
 
-def log_mel_spectrogram(
-    audio: torch.Tensor, n_mels: int, pad_to: int | None = N_SAMPLES
-) -> torch.Tensor:
+def log_mel_spectrogram(audio: torch.Tensor, n_mels: int) -> torch.Tensor:
     """Log-mel features of mono 16 kHz audio, scaled as Whisper expects.
 
-    audio: shape = (n_samples,), float32; zero-padded (or cut) to `pad_to` samples first.
-    returns: shape = (n_mels, n_samples // HOP_LENGTH), float32, on the audio's device.
+    audio: shape = (n_samples,), float32, at most 30 s; zero-padded to 30 s first, as the
+        extractor does by default.
+    returns: shape = (n_mels, N_FRAMES), float32, on the audio's device.
     """
-    if pad_to is not None:
-        audio = torch.nn.functional.pad(audio[:pad_to], (0, max(0, pad_to - audio.shape[-1])))
+    audio = torch.nn.functional.pad(audio, (0, max(0, N_SAMPLES - audio.shape[-1])))
     window = torch.hann_window(N_FFT, device=audio.device)
     stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)
     power = stft[..., :-1].abs() ** 2
