@@ -100,6 +100,26 @@ class Scheduler:
         self.sampled = torch.full((n_slots, sample_len), self.tok.eot, device=device)
         self.logits = torch.zeros(n_slots, d.n_vocab, device=device)
         self.drawn = slots(0)
+        # every per-slot tensor: what moves with a sequence, and what graph capture restores
+        self._per_slot = (
+            self.token,
+            self.position,
+            self.n_sampled,
+            self.last,
+            self.penultimate,
+            self.last_timestamp,
+            self.timestamps,
+            self.finished,
+            self.temperature,
+            self.sampling,
+            self.min_tokens,
+            self.limit,
+            self.sum_logprob,
+            self.no_speech,
+            self.sampled,
+            self.logits,
+            self.drawn,
+        )
         self.live: list[Sequence | None] = []
         self.next_position: list[int] = []  # host copy of each live row's fed position
 
@@ -144,19 +164,7 @@ class Scheduler:
         The warm-up runs that capture needs really execute; the decode state they advance is
         put back afterwards, so capturing mid-stream changes no sequence.
         """
-        state = (
-            self.token,
-            self.position,
-            self.n_sampled,
-            self.last,
-            self.penultimate,
-            self.last_timestamp,
-            self.finished,
-            self.sum_logprob,
-            self.sampled,
-            self.logits,
-        )
-        saved = [t.clone() for t in state]
+        saved = [t.clone() for t in self._per_slot]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -167,7 +175,7 @@ class Scheduler:
         with torch.cuda.graph(graph, pool=self._pool):
             fn()
         self._pool = graph.pool()
-        for t, s in zip(state, saved, strict=True):
+        for t, s in zip(self._per_slot, saved, strict=True):
             t.copy_(s)
         return graph
 
@@ -290,23 +298,7 @@ class Scheduler:
     def _move(self, src: int, dst: int) -> None:
         for t in (self.cache.self_k, self.cache.self_v, self.cache.cross_k, self.cache.cross_v):
             t[:, dst].copy_(t[:, src])
-        for t in (
-            self.token,
-            self.position,
-            self.n_sampled,
-            self.last,
-            self.penultimate,
-            self.last_timestamp,
-            self.timestamps,
-            self.finished,
-            self.temperature,
-            self.sampling,
-            self.min_tokens,
-            self.limit,
-            self.sum_logprob,
-            self.no_speech,
-            self.sampled,
-        ):
+        for t in self._per_slot:
             t[dst] = t[src]
 
     # --- decoding ----------------------------------------------------------------------------
