@@ -56,7 +56,7 @@ class Transcriber:
         """graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly."""
         self.loaded = loaded
         self.graphs = graphs
-        self.n_slots = n_slots or default_slots(loaded)
+        self.n_slots = n_slots or slots_for(loaded)
         self.encoder_batch = min(encoder_batch or 16, self.n_slots)
         self.max_spectrogram_frames = MAX_SPECTROGRAM_FRAMES
         self._schedulers: dict[tuple, Scheduler] = {}
@@ -201,10 +201,11 @@ class Transcriber:
         )
 
 
-def default_slots(loaded: LoadedModel) -> int:
-    """Slots for the pool: on CUDA as many as half the free memory holds (at most 512), on
-    the CPU 16."""
-    if loaded.device.type != "cuda":
-        return 16
-    free, _ = torch.cuda.mem_get_info(loaded.device)
-    return max(1, min(512, free // 2 // slot_bytes(loaded)))
+def slots_for(loaded: LoadedModel, memory_bytes: int | None = None) -> int:
+    """Slots for the pool: as many as `memory_bytes` of cache holds (at most 512). Default
+    budget: on CUDA half the free device memory, on the CPU 16 slots."""
+    if memory_bytes is None:
+        if loaded.device.type != "cuda":
+            return 16
+        memory_bytes = torch.cuda.mem_get_info(loaded.device)[0] // 2
+    return max(1, min(512, memory_bytes // slot_bytes(loaded)))

@@ -7,9 +7,10 @@ import logging
 import threading
 from collections import OrderedDict
 
+from engine.loader import load_model
 from engine.longform import TranscriptionOptions
 from engine.result import Transcription
-from engine.transcribe import Progress, Transcriber
+from engine.transcribe import Progress, Transcriber, slots_for
 from worker.jobs import JobOptions
 from worker.settings import Settings
 
@@ -40,9 +41,10 @@ class Engines:
             self._loaded.move_to_end(name)
             return self._loaded[name]
         device = None if self.settings.device == "auto" else self.settings.device
-        transcriber = Transcriber.load(
+        loaded = load_model(
             models[name], device=device, cache_dir=self.settings.cache_dir, name=name
         )
+        transcriber = Transcriber(loaded, slots_for(loaded, self.settings.slot_memory_bytes))
         transcriber.max_spectrogram_frames = self.settings.max_spectrogram_frames
         budget, size = self.settings.model_memory_bytes, _model_bytes(transcriber)
         while self._loaded and size + sum(map(_model_bytes, self._loaded.values())) > budget:

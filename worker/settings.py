@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     # Worker: "auto" picks CUDA when present. Threads in flight per worker process.
     device: str = "auto"
     model_memory_bytes: int = 8 * 1024**3  # weights kept loaded; least recently used go first
+    # cache for each loaded model's pool of decoding slots (sequences in flight); default: half
+    # the free GPU memory, or 16 slots on the CPU
+    slot_memory_bytes: int | None = None
     worker_concurrency: int = 2
     max_attempts: int = 5  # starts of one job before it is failed as poison
     cache_dir: Path = Field(default_factory=_default_cache_dir)
