@@ -15,7 +15,6 @@ import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import soundfile as sf
@@ -176,13 +175,6 @@ class Audio:
     def decode(self) -> np.ndarray:
         """The whole file, shape = (n_samples,): for clips, not for long recordings."""
         return np.concatenate(list(self.blocks()))
-
-    @cached_property
-    def duration(self) -> float:
-        """Seconds of audio, counted by decoding if the file does not say."""
-        if self.info.frames is not None and self.backend == "soundfile":
-            return self.info.frames / self.info.sample_rate
-        return sum(len(b) for b in self.blocks()) / SAMPLE_RATE
 
 
 def decode_audio(data: bytes) -> np.ndarray:

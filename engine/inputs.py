@@ -39,6 +39,12 @@ def _normalize(log10_mel: torch.Tensor, log10_max: float) -> torch.Tensor:
     return (log10_mel.clamp(min=log10_max - 8.0) + 4.0) / 4.0
 
 
+def _padded(frames: torch.Tensor, floor: float) -> torch.Tensor:
+    """Up to N_FRAMES frames, padded with silence to exactly N_FRAMES."""
+    frames = frames[:, :N_FRAMES]
+    return torch.nn.functional.pad(frames, (0, N_FRAMES - frames.shape[1]), value=floor)
+
+
 class MelSource:
     """Log-mel frames of one input, read window by window, forward only."""
 
@@ -68,17 +74,14 @@ class _HeldMel(MelSource):
         self.duration = n_frames / FRAMES_PER_SECOND if duration is None else duration
 
     def window(self, seek: int) -> torch.Tensor:
-        out = self.mel[:, seek : seek + N_FRAMES]
-        if out.shape[1] < N_FRAMES:
-            out = torch.nn.functional.pad(out, (0, N_FRAMES - out.shape[1]), value=self.floor)
-        return out
+        return _padded(self.mel[:, seek:], self.floor)
 
 
 class _StreamedMel(MelSource):
     """Frames of long audio, computed as the seek advances."""
 
     def __init__(self, audio: Audio, n_mels: int, device: torch.device):
-        self.audio, self.n_mels, self.device = audio, n_mels, device
+        self.n_mels = n_mels
         log10_max, n_frames, n_samples = -math.inf, 0, 0
 
         def counted(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
@@ -109,22 +112,26 @@ class _StreamedMel(MelSource):
             if frames is None:
                 break
             self._held = torch.cat([self._held, _normalize(frames, self.log10_max)], dim=1)
-        held = self._held if self._start == seek else self._held[:, :0]
-        return _HeldMel(held, held.shape[1], self.floor).window(0)
+        return _padded(self._held if self._start == seek else self._held[:, :0], self.floor)
 
 
 def audio_source(audio: Audio | np.ndarray, n_mels: int, device: torch.device) -> MelSource:
     """Audio (encoded, or 16 kHz float32 samples) as log-mel windows.
 
     Up to 30 s: the whole clip zero-padded to 30 s, as `WhisperFeatureExtractor` does by
-    default. Longer: as the extractor with `truncation=False`, streamed.
+    default. Longer: as the extractor with `truncation=False`, streamed. Which one is found by
+    decoding at most 30 s (files do not always say how long they are).
     """
     if isinstance(audio, np.ndarray):
         samples = audio
-    elif audio.duration <= N_SAMPLES / SAMPLE_RATE:
-        samples = audio.decode()
     else:
-        return _StreamedMel(audio, n_mels, device)
+        blocks, n = [], 0
+        for block in audio.blocks():
+            blocks.append(block)
+            n += len(block)
+            if n > N_SAMPLES:
+                return _StreamedMel(audio, n_mels, device)
+        samples = np.concatenate(blocks)
     if len(samples) > N_SAMPLES:
         return _StreamedMel(_SamplesAsAudio(samples), n_mels, device)
     mel = log_mel_spectrogram(torch.from_numpy(samples).to(device), n_mels)
