@@ -4,7 +4,8 @@ Work: 30 s windows (random log-mel), exactly `tokens` new tokens each (end-of-te
 suppressed until then), fp16, random weights of Whisper's shapes (`random:<size>`: speed does
 not depend on the values). transformers runs `generate` with SDPA, with its default dynamic
 cache and with `cache_implementation="static"`. The engine runs its scheduler over a pool of
-`batch` slots fed `3 * batch` windows (continuous batching, CUDA graphs). Reported: windows/s,
+`batch` slots fed `3 * batch` windows (continuous batching, CUDA graphs), its cross-attention
+cache in the model's dtype ("engine") or in fp8 ("engine fp8"). Reported: windows/s,
 audio seconds per second (RTFx), latency of one window at batch 1, peak GPU memory.
 """
 
@@ -27,7 +28,7 @@ WINDOW_SECONDS = 30.0
 @dataclass
 class Row:
     model: str
-    system: str  # "engine", "transformers dynamic", "transformers static"
+    system: str  # "engine", "engine fp8", "transformers dynamic", "transformers static"
     batch: int
     windows_per_s: float
     latency_ms: float | None  # one window at batch 1
@@ -54,7 +55,12 @@ def _timed(fn: Callable[[], None], repeat: int = 2) -> tuple[float, float]:
 
 
 def engine_run(
-    loaded: LoadedModel, batch: int, n_windows: int, lengths: list[int], graphs: bool = True
+    loaded: LoadedModel,
+    batch: int,
+    n_windows: int,
+    lengths: list[int],
+    graphs: bool = True,
+    cross_dtype: torch.dtype | None = None,
 ) -> Callable[[], list[list[int]]]:
     """A function that pushes `n_windows` through a pool of `batch` slots, returning tokens."""
     d, tok = loaded.dims, loaded.tokenizer
@@ -69,6 +75,7 @@ def engine_run(
         graphs=graphs,
         full_keys=True,
         max_prompt=4,
+        cross_dtype=cross_dtype,
     )
     generator = torch.Generator(loaded.device).manual_seed(0)
     mels = torch.randn(
@@ -110,7 +117,12 @@ def engine_run(
     return run
 
 
-def bench_engine(loaded: LoadedModel, batch: int, tokens: int | tuple[int, int]) -> Row:
+def bench_engine(
+    loaded: LoadedModel,
+    batch: int,
+    tokens: int | tuple[int, int],
+    cross_dtype: torch.dtype | None = None,
+) -> Row:
     if isinstance(tokens, tuple):  # uniform mixed lengths, same for every run
         g = torch.Generator().manual_seed(1)
         lengths = torch.randint(tokens[0], tokens[1] + 1, (3 * batch,), generator=g).tolist()
@@ -118,9 +130,10 @@ def bench_engine(loaded: LoadedModel, batch: int, tokens: int | tuple[int, int])
     else:
         lengths, label = [tokens], str(tokens)
     n = 3 * batch if batch > 1 else 1
-    seconds, peak = _timed(engine_run(loaded, batch, n, lengths))
+    seconds, peak = _timed(engine_run(loaded, batch, n, lengths, cross_dtype=cross_dtype))
     latency = seconds * 1000 if batch == 1 else None
-    return Row(loaded.name, "engine", batch, n / seconds, latency, peak, label)
+    system = "engine fp8" if cross_dtype == torch.float8_e4m3fn else "engine"
+    return Row(loaded.name, system, batch, n / seconds, latency, peak, label)
 
 
 def hf_model(size: str, device: torch.device):

@@ -64,6 +64,18 @@ class DecodeState:
     penultimate: Tensor  # the one before, -1 before any
     last_timestamp: Tensor  # last sampled timestamp token, -1 before any
     timestamps: Tensor  # bool: this row predicts timestamps
+    min_tokens: Tensor  # end-of-text is not sampled before this many tokens (benchmarks: 100)
+
+
+class SuppressEarlyEnd(LogitFilter):
+    """No end-of-text before a row's `min_tokens` (fixed-length work for benchmarks)."""
+
+    def __init__(self, eot: int):
+        self.eot = eot
+
+    def apply(self, logits: Tensor, state: DecodeState) -> None:
+        early = state.n_sampled < state.min_tokens
+        logits[:, self.eot] = logits[:, self.eot].masked_fill(early, NEG_INF)
 
 
 class SuppressTokens(LogitFilter):
@@ -163,7 +175,9 @@ def build_filters(
     n_audio_ctx: int,
     device: torch.device,
 ) -> list[LogitFilter]:
-    filters: list[LogitFilter] = []
+    """The rules in the order they apply; the timestamp rules, which weigh what the others left,
+    come last (the fused kernel, `engine.kernels.greedy`, keeps the same order)."""
+    filters: list[LogitFilter] = [SuppressEarlyEnd(tokenizer.eot)]
     if suppress_blank:
         filters.append(SuppressBlank(tokenizer.encode(" ") + [tokenizer.eot], device))
     filters.append(SuppressTokens(suppress, n_vocab, device))

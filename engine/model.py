@@ -6,14 +6,19 @@ Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
   learned positional embeddings in both stacks (the encoder's are fixed sinusoids in practice);
 - self-attention q, k, v are fused into one linear (`qkv`) and cross-attention k, v into another
   (`kv`); Whisper's key projections carry no bias, so the fused bias holds zeros for k;
-- the output head is tied to the token embedding;
+- the output head is tied to the token embedding, whose rows are padded to a multiple of 64
+  (`VOCAB_ALIGN`) so that the logits matrix product runs on aligned, fast kernels (51865
+  columns rule them out); the padding is never read;
 - caches are explicit tensors owned by the caller (`KVCache`): the self-attention cache
   `[layer, slot, head, n_text_ctx, d_head]` and the cross-attention cache
   `[layer, slot, head, n_audio_ctx, d_head]`, which is projected once per window
   (`project_cross_kv`) and only read by decode steps. A batch is a contiguous range of slots
   (`rows`), so every read is a view of the cache, never a gathered copy; the scheduler keeps
   live sequences packed at the front. No hooks, no hidden state: this is what CUDA graphs and
-  continuous batching need.
+  continuous batching need. The cross-attention cache may be fp8 (half the bytes that large
+  models' decode steps read); it is widened as it is read.
+- a decode step (one token per row) attends through `engine.kernels.attention`: a split-K
+  Triton kernel on CUDA, `scaled_dot_product_attention` elsewhere.
 
 The network knows nothing of requests, tokens' meaning or decoding policy.
 """
@@ -25,6 +30,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from engine.kernels.attention import decode_attention
+
+VOCAB_ALIGN = 64
+FP8_MAX = 448.0  # largest float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,10 @@ class KVCache:
         device: torch.device | str,
         dtype: torch.dtype,
         text_ctx: int | None = None,
+        cross_dtype: torch.dtype | None = None,
     ) -> KVCache:
+        """cross_dtype: of the cross-attention K/V (default `dtype`; fp8: torch.float8_e4m3fn)"""
+        cross_dtype = cross_dtype or dtype
         d_head = dims.n_text_state // dims.n_text_head
         text_ctx = min(text_ctx or dims.n_text_ctx, dims.n_text_ctx)
         self_shape = (dims.n_text_layer, n_slots, dims.n_text_head, text_ctx, d_head)
@@ -91,13 +104,17 @@ class KVCache:
         return cls(
             self_k=torch.zeros(self_shape, device=device, dtype=dtype),
             self_v=torch.zeros(self_shape, device=device, dtype=dtype),
-            cross_k=torch.zeros(cross_shape, device=device, dtype=dtype),
-            cross_v=torch.zeros(cross_shape, device=device, dtype=dtype),
+            cross_k=torch.zeros(cross_shape, device=device, dtype=cross_dtype),
+            cross_v=torch.zeros(cross_shape, device=device, dtype=cross_dtype),
         )
 
     @property
     def n_slots(self) -> int:
         return self.self_k.shape[1]
+
+
+def padded_vocab(n_vocab: int) -> int:
+    return -(-n_vocab // VOCAB_ALIGN) * VOCAB_ALIGN
 
 
 def _heads(x: Tensor, n_head: int) -> Tensor:
@@ -164,7 +181,10 @@ class AudioEncoder(nn.Module):
         returns: shape = (batch, n_audio_ctx, n_audio_state)
         """
         x = F.gelu(self.conv1(mel))
-        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        # (batch, time, state) made contiguous once here: left as a transposed view, every
+        # later element-wise kernel would inherit its strides and run unvectorised, and each
+        # layer norm would copy it (a quarter of large-v3's encoder time, measured on an H200)
+        x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
         x = x + self.positional_embedding
         for block in self.blocks:
             x = block(x)
@@ -183,9 +203,17 @@ class DecoderBlock(nn.Module):
         self.fc2 = nn.Linear(n_ff, n_state)
 
     def forward(
-        self, x: Tensor, positions: Tensor, rows: slice, cache: KVCache, layer: int, mask: Tensor
+        self,
+        x: Tensor,
+        positions: Tensor,
+        rows: slice,
+        cache: KVCache,
+        layer: int,
+        n_keys: int,
+        mask: Tensor | None,
     ) -> Tensor:
-        """mask: shape = (batch, 1, n_tokens, n_keys), True where a query may see a key"""
+        """mask: shape = (batch, 1, n_tokens, n_keys), True where a query may see a key; None
+        for a decode step (one token per row), which sees each row's keys up to its position"""
         h = self.attn.n_head
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         # Write this step's keys/values at each row's own positions, then attend over the
@@ -195,17 +223,24 @@ class DecoderBlock(nn.Module):
         batch = torch.arange(b, device=x.device)[:, None]
         cache.self_k[layer, rows][batch, :, positions] = k.view(b, t, h, d // h)
         cache.self_v[layer, rows][batch, :, positions] = v.view(b, t, h, d // h)
-        n_keys = mask.shape[-1]
         keys = cache.self_k[layer, rows, :, :n_keys]
         values = cache.self_v[layer, rows, :, :n_keys]
-        a = F.scaled_dot_product_attention(_heads(q, h), keys, values, attn_mask=mask)
-        x = x + self.attn.out(_merge_heads(a))
-
-        q = self.cross_attn.q(self.cross_attn_ln(x))
-        a = F.scaled_dot_product_attention(
-            _heads(q, h), cache.cross_k[layer, rows], cache.cross_v[layer, rows]
-        )
-        x = x + self.cross_attn.out(_merge_heads(a))
+        cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
+        if mask is None:
+            q = q.view(b, h, d // h)
+            a = decode_attention(q, keys, values, positions[:, 0] + 1).view(b, 1, d)
+            x = x + self.attn.out(a)
+            q = self.cross_attn.q(self.cross_attn_ln(x)).view(b, h, d // h)
+            a = decode_attention(q, cross_k, cross_v).view(b, 1, d)
+        else:
+            a = F.scaled_dot_product_attention(_heads(q, h), keys, values, attn_mask=mask)
+            x = x + self.attn.out(_merge_heads(a))
+            q = self.cross_attn.q(self.cross_attn_ln(x))
+            a = F.scaled_dot_product_attention(
+                _heads(q, h), cross_k.to(q.dtype), cross_v.to(q.dtype)
+            )
+            a = _merge_heads(a)
+        x = x + self.cross_attn.out(a)
         return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
 
 
@@ -213,7 +248,8 @@ class TextDecoder(nn.Module):
     def __init__(self, dims: ModelDimensions):
         super().__init__()
         d = dims.n_text_state
-        self.token_embedding = nn.Embedding(dims.n_vocab, d)
+        self.n_vocab = dims.n_vocab
+        self.token_embedding = nn.Embedding(padded_vocab(dims.n_vocab), d)
         self.positional_embedding = nn.Parameter(torch.empty(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(
             DecoderBlock(d, dims.n_text_head, dims.n_text_ff) for _ in range(dims.n_text_layer)
@@ -233,16 +269,19 @@ class TextDecoder(nn.Module):
         rows: the batch's cache slots, a contiguous range of `batch` slots
         n_keys: self-attention positions to read (a fixed bucket under CUDA graphs); default:
             the furthest position in the batch + 1
-        returns: logits, shape = (batch, n_tokens, n_vocab), in float32
+        returns: logits, shape = (batch, n_tokens, n_vocab), in the model's dtype: a view of
+            the padded head's output, so rows are strided
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         n_keys = n_keys or int(positions.max()) + 1
-        key_positions = torch.arange(n_keys, device=tokens.device)
-        mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
+        mask = None
+        if tokens.shape[1] > 1:
+            key_positions = torch.arange(n_keys, device=tokens.device)
+            mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, rows, cache, layer, mask)
+            x = block(x, positions, rows, cache, layer, n_keys, mask)
         x = self.ln(x)
-        return F.linear(x, self.token_embedding.weight).float()
+        return F.linear(x, self.token_embedding.weight)[..., : self.n_vocab]
 
 
 class Whisper(nn.Module):
@@ -258,7 +297,11 @@ class Whisper(nn.Module):
         xa: shape = (batch, n_audio_ctx, n_audio_state); rows: `batch` contiguous slots
         """
         h = self.dims.n_text_head
+        fp8 = cache.cross_k.dtype == torch.float8_e4m3fn
         for layer, block in enumerate(self.decoder.blocks):
-            k, v = block.cross_attn.kv(xa).chunk(2, dim=-1)
+            kv = block.cross_attn.kv(xa)
+            if fp8:  # saturate: the cast would turn values past the range into NaN
+                kv = kv.clamp(-FP8_MAX, FP8_MAX)
+            k, v = kv.chunk(2, dim=-1)
             cache.cross_k[layer, rows] = _heads(k, h)
             cache.cross_v[layer, rows] = _heads(v, h)

@@ -9,7 +9,8 @@ they decode in the same steps as everyone else. A batch of mixed lengths never w
 longest member.
 
 On CUDA the encoder (per batch bucket) and the decode step (per live-count bucket) are
-captured as CUDA graphs and replayed; elsewhere the same functions run eagerly.
+captured as CUDA graphs and replayed; elsewhere the same functions run eagerly. A step's
+choice of tokens is one fused kernel (`engine.kernels.greedy`) unless some row samples.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine.decoding import DecodeState, LogitFilter, WindowResult, WindowTask, compression_ratio
 from engine.decoding import prompt_tokens as build_prompt
+from engine.kernels.greedy import GreedyRules
 from engine.loader import LoadedModel
 from engine.mel import N_FRAMES
 from engine.model import KVCache
@@ -30,19 +31,16 @@ from engine.model import KVCache
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 ENCODER_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 KEY_STEP = 64  # self-attention reads positions in buckets of this many
+HORIZON = 4  # decode steps per look at which rows finished, on CUDA (the look syncs the host)
 
 
-def slot_bytes(loaded: LoadedModel) -> int:
+def slot_bytes(loaded: LoadedModel, cross_dtype: torch.dtype | None = None) -> int:
     """Cache bytes one slot takes at most: self- (all n_text_ctx positions) and cross-attention
     K/V of every layer."""
     d = loaded.dims
-    return (
-        2
-        * d.n_text_layer
-        * d.n_text_state
-        * (d.n_text_ctx + d.n_audio_ctx)
-        * (loaded.dtype.itemsize)
-    )
+    cross_size = (cross_dtype or loaded.dtype).itemsize
+    per_position = 2 * d.n_text_layer * d.n_text_state
+    return per_position * (d.n_text_ctx * loaded.dtype.itemsize + d.n_audio_ctx * cross_size)
 
 
 @dataclass
@@ -68,14 +66,23 @@ class Scheduler:
         generator: torch.Generator | None = None,
         full_keys: bool | None = None,
         max_prompt: int | None = None,
+        cross_dtype: torch.dtype | None = None,
+        horizon: int | None = None,
     ):
         """max_prompt: the longest prompt a window will have (default: half the text context,
-        room for previous text); with `sample_len` it sizes the self-attention cache."""
+        room for previous text); with `sample_len` it sizes the self-attention cache.
+        cross_dtype: of the cross-attention cache (default: the model's; torch.float8_e4m3fn
+        halves the bytes each step reads).
+        horizon: decode steps between looks at which rows finished (default: `HORIZON` on
+        CUDA, 1 elsewhere). A row that ends inside the horizon idles until the look; fewer
+        looks keep the GPU fed without waiting on the host."""
         self.m = loaded
         d, device = loaded.dims, loaded.device
-        self.filters, self.sample_len, self.generator = filters, sample_len, generator
+        self.rules = GreedyRules(filters, d.n_vocab, device)
+        self.sample_len, self.generator = sample_len, generator
         self.n_slots, self.encoder_batch = n_slots, encoder_batch
         self.graphs = device.type == "cuda" if graphs is None else graphs
+        self.horizon = horizon or (HORIZON if device.type == "cuda" else 1)
         # Under graphs the self-attention reads a bucket of positions (KEY_STEP multiples)
         # covering the furthest live one; eagerly, just up to it. `full_keys` forces buckets,
         # to compare graph and eager on the same shapes.
@@ -84,7 +91,7 @@ class Scheduler:
         max_prompt = max_prompt or d.n_text_ctx // 2 + 4
         text_ctx = min(d.n_text_ctx, -(-(max_prompt + sample_len) // KEY_STEP) * KEY_STEP)
         self.text_ctx = text_ctx
-        self.cache = KVCache.allocate(d, n_slots, device, loaded.dtype, text_ctx)
+        self.cache = KVCache.allocate(d, n_slots, device, loaded.dtype, text_ctx, cross_dtype)
 
         def slots(fill, dtype=torch.long):
             return torch.full((n_slots,), fill, dtype=dtype, device=device)
@@ -98,8 +105,8 @@ class Scheduler:
         self.min_tokens, self.limit = slots(0), slots(sample_len)
         self.sum_logprob, self.no_speech = slots(0.0, torch.float32), slots(0.0, torch.float32)
         self.sampled = torch.full((n_slots, sample_len), self.tok.eot, device=device)
-        self.logits = torch.zeros(n_slots, d.n_vocab, device=device)
-        self.drawn = slots(0)
+        self.logits = torch.zeros(n_slots, d.n_vocab, device=device)  # filtered, when sampling
+        self.chosen, self.chosen_logprob = slots(0), slots(0.0, torch.float32)
         # every per-slot tensor: what moves with a sequence, and what graph capture restores
         self._per_slot = (
             self.token,
@@ -117,8 +124,6 @@ class Scheduler:
             self.sum_logprob,
             self.no_speech,
             self.sampled,
-            self.logits,
-            self.drawn,
         )
         self.live: list[Sequence | None] = []
         self.next_position: list[int] = []  # host copy of each live row's fed position
@@ -156,6 +161,7 @@ class Scheduler:
             penultimate=self.penultimate[:b],
             last_timestamp=self.last_timestamp[:b],
             timestamps=self.timestamps[:b],
+            min_tokens=self.min_tokens[:b],
         )
 
     def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
@@ -222,7 +228,7 @@ class Scheduler:
         n = rows.stop - rows.start
         tokens = torch.full((n, 1), self.tok.sot, device=self.m.device)
         logits = self.m.model.decoder(tokens, torch.zeros_like(tokens), rows, self.cache)
-        probs = logits[:, 0, ids].softmax(dim=-1)
+        probs = logits[:, 0, ids].float().softmax(dim=-1)
         best = probs.argmax(dim=-1)
         return [codes[i] for i in best.tolist()], probs.gather(1, best[:, None])[:, 0].tolist()
 
@@ -240,16 +246,35 @@ class Scheduler:
     def _prefill(self, rows: slice, sequences: list[Sequence]) -> None:
         device, n_ctx = self.m.device, self.m.dims.n_text_ctx
         prompts = [build_prompt(self.tok, s.task, n_ctx) for s in sequences]
-        lengths = torch.tensor([len(p) for p in prompts], device=device)
         width = max(len(p) for p in prompts)
-        padded = [p + [self.tok.eot] * (width - len(p)) for p in prompts]
-        tokens = torch.tensor(padded, device=device)
+        # every row's numbers in one host tensor, copied once (a copy from pageable memory
+        # would wait for the GPU each time)
+        host = torch.tensor(
+            [
+                [
+                    len(p),
+                    p.index(self.tok.sot),
+                    s.task.timestamps,
+                    s.min_tokens,
+                    min(s.max_tokens or self.sample_len, self.sample_len, self.text_ctx - len(p)),
+                    *p,
+                    *[self.tok.eot] * (width - len(p)),
+                ]
+                for p, s in zip(prompts, sequences, strict=True)
+            ],
+            pin_memory=device.type == "cuda",
+        )
+        fields = host.to(device, non_blocking=True)
+        lengths, sot, timestamps, min_tokens, limit = fields[:, :5].unbind(1)
+        tokens = fields[:, 5:]
+        temperature = torch.tensor(
+            [s.task.temperature for s in sequences], pin_memory=device.type == "cuda"
+        ).to(device, non_blocking=True)
         positions = torch.arange(width, device=device).expand(len(prompts), -1)
         # the last prompt token is fed again by the first step, which samples after it
         logits = self.m.model.decoder(tokens, positions, rows, self.cache)
         batch = torch.arange(len(prompts), device=device)
-        sot = torch.tensor([p.index(self.tok.sot) for p in prompts], device=device)
-        self.no_speech[rows] = logits[batch, sot].softmax(-1)[:, self.tok.no_speech]
+        self.no_speech[rows] = logits[batch, sot].float().softmax(-1)[:, self.tok.no_speech]
         self.token[rows] = tokens[batch, lengths - 1]
         self.position[rows] = lengths - 1
         self.next_position[rows] = [len(p) - 1 for p in prompts]
@@ -258,15 +283,11 @@ class Scheduler:
         self.finished[rows] = False
         self.sum_logprob[rows] = 0.0
         self.sampled[rows] = self.tok.eot
-        temperature = torch.tensor([s.task.temperature for s in sequences], device=device)
         self.temperature[rows] = temperature
         self.sampling[rows] = temperature > 0
-        self.timestamps[rows] = torch.tensor([s.task.timestamps for s in sequences], device=device)
-        self.min_tokens[rows] = torch.tensor([s.min_tokens for s in sequences], device=device)
-        max_tokens = torch.tensor(
-            [s.max_tokens or self.sample_len for s in sequences], device=device
-        ).clamp(max=self.sample_len)
-        self.limit[rows] = torch.minimum(max_tokens, self.text_ctx - lengths)
+        self.timestamps[rows] = timestamps.bool()
+        self.min_tokens[rows] = min_tokens
+        self.limit[rows] = limit
 
     @torch.inference_mode()
     def restart(self, index: int, task: WindowTask, attempt: int) -> None:
@@ -279,7 +300,8 @@ class Scheduler:
         self.live[index] = None
 
     def compact(self) -> None:
-        """Fill the holes released sequences left with the last live ones."""
+        """Fill the holes released sequences left with the last live ones, all moves in one
+        gather per buffer and layer."""
 
         def drop_tail() -> None:
             while self.live and self.live[-1] is None:
@@ -287,40 +309,56 @@ class Scheduler:
                 self.next_position.pop()
 
         drop_tail()
+        sources, holes = [], []
         for hole in [i for i, s in enumerate(self.live) if s is None]:
             if hole >= len(self.live):
                 break
-            self._move(len(self.live) - 1, hole)
+            sources.append(len(self.live) - 1)
+            holes.append(hole)
             self.live[hole] = self.live.pop()
             self.next_position[hole] = self.next_position.pop()
             drop_tail()
-
-    def _move(self, src: int, dst: int) -> None:
-        for t in (self.cache.self_k, self.cache.self_v, self.cache.cross_k, self.cache.cross_v):
-            t[:, dst].copy_(t[:, src])
-        for t in self._per_slot:
-            t[dst] = t[src]
+        if holes:
+            src = torch.tensor(sources, device=self.m.device)
+            dst = torch.tensor(holes, device=self.m.device)
+            # a layer at a time: the gathered copy of every layer at once would be a
+            # transient of 246 MB per moved slot for large-v3
+            for t in (self.cache.self_k, self.cache.self_v, self.cache.cross_k, self.cache.cross_v):
+                for layer in t:
+                    layer[dst] = layer[src]
+            for t in self._per_slot:
+                t[dst] = t[src]
 
     # --- decoding ----------------------------------------------------------------------------
 
-    def _forward(self, b: int, n_keys: int | None, timestamps: bool) -> None:
-        """Logits after the last fed token of rows [:b], with Whisper's rules applied."""
+    def _forward(self, b: int, n_keys: int | None, timestamps: bool, sampling: bool) -> None:
+        """Each of rows [:b]'s greedy next token and its log-probability, under Whisper's rules;
+        when some row samples, also the filtered logits it draws from."""
         logits = self.m.model.decoder(
             self.token[:b, None], self.position[:b, None], slice(0, b), self.cache, n_keys
         )[:, -1]
-        for f in self.filters:
-            if timestamps or not f.only_with_timestamps:
-                f.apply(logits, self._state(b))
-        early = self.n_sampled[:b] < self.min_tokens[:b]
-        logits[:, self.tok.eot] = logits[:, self.tok.eot].masked_fill(early, float("-inf"))
-        self.logits[:b] = logits
+        state = self._state(b)
+        if sampling:
+            logits = self.rules.apply(logits, state, timestamps)
+            self.logits[:b] = logits
+            chosen, logprob = self.rules.choose(logits)
+        else:
+            chosen, logprob = self.rules.select(logits, state, timestamps)
+        self.chosen[:b], self.chosen_logprob[:b] = chosen, logprob
+
+    def _draw(self, n: int) -> None:
+        """Replace the greedy choice of sampling rows with a draw at their temperature."""
+        logits, sampling = self.logits[:n], self.sampling[:n]
+        scaled = logits / self.temperature[:n, None].clamp(min=1e-6)
+        drawn = torch.multinomial(scaled.softmax(dim=-1), 1, generator=self.generator)[:, 0]
+        logprob = logits.log_softmax(dim=-1).gather(1, drawn[:, None])[:, 0]
+        self.chosen[:n] = torch.where(sampling, drawn, self.chosen[:n])
+        self.chosen_logprob[:n] = torch.where(sampling, logprob, self.chosen_logprob[:n])
 
     def _commit(self, b: int) -> None:
-        """Take each row's next token (greedy, or drawn when sampling) and advance its state."""
-        logits, done = self.logits[:b], self.finished[:b]
-        chosen = torch.where(self.sampling[:b], self.drawn[:b], logits.argmax(dim=-1))
-        logprob = F.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
-        self.sum_logprob[:b] += logprob.masked_fill(done, 0.0)
+        """Append each row's chosen token and advance its state."""
+        chosen, done = self.chosen[:b], self.finished[:b]
+        self.sum_logprob[:b] += self.chosen_logprob[:b].masked_fill(done, 0.0)
         chosen = chosen.masked_fill(done, self.tok.eot)
         column = self.n_sampled[:b].clamp(max=self.sample_len - 1)
         self.sampled[:b].scatter_(1, column[:, None], chosen[:, None])
@@ -340,34 +378,37 @@ class Scheduler:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[int, Sequence, WindowResult]]:
-        """One decode step for every live sequence; return those that finished."""
+        """Decode steps (the horizon's, or one while a row samples) for every live sequence;
+        return those that finished."""
         n = self.n_live
         if n == 0:
             return []
         timestamps = any(s.task.timestamps for s in self.live)
+        sampling = any(s.task.temperature > 0 for s in self.live)
+        steps = 1 if sampling else self.horizon
         b, n_keys = n, None
         if self.pad_to_buckets:
             b = self._bucket(n)
-            n_keys = min(-(-(max(self.next_position) + 1) // KEY_STEP) * KEY_STEP, self.text_ctx)
-        key = (b, n_keys, timestamps)
+            furthest = max(self.next_position) + steps  # keys the last step reads
+            n_keys = min(-(-furthest // KEY_STEP) * KEY_STEP, self.text_ctx)
+        key = (b, n_keys, timestamps, sampling)
         if self.graphs and key not in self._step_graphs:
             self._step_graphs[key] = (
                 self._graph(lambda: self._forward(*key)),
                 self._graph(lambda: self._commit(b)),
             )
-        if self.graphs:
-            self._step_graphs[key][0].replay()
-        else:
-            self._forward(*key)
-        if any(s.task.temperature > 0 for s in self.live):
-            scaled = self.logits[:n] / self.temperature[:n, None].clamp(min=1e-6)
-            draw = torch.multinomial(scaled.softmax(dim=-1), 1, generator=self.generator)
-            self.drawn[:n] = draw[:, 0]
-        if self.graphs:
-            self._step_graphs[key][1].replay()
-        else:
-            self._commit(b)
-        self.next_position = [min(p + 1, self.text_ctx - 1) for p in self.next_position]
+        for _ in range(steps):
+            if self.graphs:
+                self._step_graphs[key][0].replay()
+            else:
+                self._forward(*key)
+            if sampling:
+                self._draw(n)
+            if self.graphs:
+                self._step_graphs[key][1].replay()
+            else:
+                self._commit(b)
+        self.next_position = [min(p + steps, self.text_ctx - 1) for p in self.next_position]
         return self._finished(n)
 
     def _finished(self, n: int) -> list[tuple[int, Sequence, WindowResult]]:

@@ -52,11 +52,14 @@ class Transcriber:
         n_slots: int | None = None,
         encoder_batch: int | None = None,
         graphs: bool | None = None,
+        cross_dtype: torch.dtype | None = None,
     ):
-        """graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly."""
+        """graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly.
+        cross_dtype: of the cross-attention cache (default: the model's; or torch.float8_e4m3fn)
+        """
         self.loaded = loaded
-        self.graphs = graphs
-        self.n_slots = n_slots or slots_for(loaded)
+        self.graphs, self.cross_dtype = graphs, cross_dtype
+        self.n_slots = n_slots or slots_for(loaded, cross_dtype=cross_dtype)
         self.encoder_batch = min(encoder_batch or 16, self.n_slots)
         self.max_spectrogram_frames = MAX_SPECTROGRAM_FRAMES
         self._schedulers: dict[tuple, Scheduler] = {}
@@ -124,6 +127,7 @@ class Transcriber:
                 generator=torch.Generator(m.device),
                 full_keys=m.device.type == "cuda",
                 max_prompt=max_prompt,
+                cross_dtype=self.cross_dtype,
             )
         return self._schedulers[key]
 
@@ -201,11 +205,13 @@ class Transcriber:
         )
 
 
-def slots_for(loaded: LoadedModel, memory_bytes: int | None = None) -> int:
+def slots_for(
+    loaded: LoadedModel, memory_bytes: int | None = None, cross_dtype: torch.dtype | None = None
+) -> int:
     """Slots for the pool: as many as `memory_bytes` of cache holds (at most 512). Default
     budget: on CUDA half the free device memory, on the CPU 16 slots."""
     if memory_bytes is None:
         if loaded.device.type != "cuda":
             return 16
         memory_bytes = torch.cuda.mem_get_info(loaded.device)[0] // 2
-    return max(1, min(512, memory_bytes // slot_bytes(loaded)))
+    return max(1, min(512, memory_bytes // slot_bytes(loaded, cross_dtype)))

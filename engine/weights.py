@@ -24,10 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor
 
-from engine.model import ModelDimensions, Whisper
+from engine.model import ModelDimensions, Whisper, padded_vocab
 
 # Keys a checkpoint may carry that the engine derives instead.
 _IGNORED = {"proj_out.weight"}
@@ -116,5 +117,8 @@ def load_whisper(path: Path, device: torch.device | str, dtype: torch.dtype) -> 
             zeros = torch.zeros_like(parts[0])
             parts.insert(names.index(None), zeros)
         state[ours] = torch.cat(parts) if len(parts) > 1 else parts[0]
+    embedding = state["decoder.token_embedding.weight"]
+    padding = padded_vocab(dims.n_vocab) - dims.n_vocab
+    state["decoder.token_embedding.weight"] = F.pad(embedding, (0, 0, 0, padding))
     model.load_state_dict(state, assign=True, strict=True)
     return model.eval().requires_grad_(False)

@@ -181,16 +181,28 @@ def _bench(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("whisperfleet bench needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.real:
+        from engine import gpu_checks
+
+        reports = gpu_checks.run(args.real.split(","), Path(args.manifest))
+        for r in reports:
+            for what, value, ok in r.lines:
+                mark = "" if ok is None else ("ok" if ok else "FAILED")
+                print(f"| {r.model} | {what} | {value} | {mark} |")
+        if args.json:
+            Path(args.json).write_text(json.dumps([r.__dict__ for r in reports], indent=1))
+        return 0 if all(r.passed for r in reports) else 1
     rows = []
     for size in args.model.split(","):
         batches = [int(b) for b in args.batches.split(",")]
         for system in args.systems.split(","):
             for b in batches:
-                if system == "engine":
+                if system in ("engine", "fp8"):
+                    cross = torch.float8_e4m3fn if system == "fp8" else None
                     loaded = load_model(f"random:{size}", device="cuda", dtype=torch.float16)
-                    rows.append(bench.bench_engine(loaded, b, args.tokens))
+                    rows.append(bench.bench_engine(loaded, b, args.tokens, cross))
                     if args.mixed and b > 1:
-                        rows.append(bench.bench_engine(loaded, b, (10, 200)))
+                        rows.append(bench.bench_engine(loaded, b, (10, 200), cross))
                     del loaded
                     torch.cuda.empty_cache()
                 else:
@@ -256,10 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--systems",
         default="dynamic,static,engine",
-        help="transformers caches (dynamic, static) and/or engine",
+        help="transformers caches (dynamic, static), engine, fp8 (engine, fp8 cross K/V)",
     )
     p.add_argument("--tokens", type=int, default=100, help="new tokens per window")
     p.add_argument("--mixed", action="store_true", help="also 10-200 tokens, uniformly")
+    p.add_argument(
+        "--real",
+        metavar="MODELS",
+        help="instead: check real weights (e.g. tiny.en,base) over --manifest on the GPU",
+    )
+    p.add_argument("--manifest", default="../shared/audio/dev/manifest.jsonl")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
     p.set_defaults(func=_bench)
 

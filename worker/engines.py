@@ -7,6 +7,8 @@ import logging
 import threading
 from collections import OrderedDict
 
+import torch
+
 from engine.loader import load_model
 from engine.longform import TranscriptionOptions
 from engine.result import Transcription
@@ -44,7 +46,9 @@ class Engines:
         loaded = load_model(
             models[name], device=device, cache_dir=self.settings.cache_dir, name=name
         )
-        transcriber = Transcriber(loaded, slots_for(loaded, self.settings.slot_memory_bytes))
+        cross = torch.float8_e4m3fn if self.settings.cross_kv == "fp8" else None
+        slots = slots_for(loaded, self.settings.slot_memory_bytes, cross)
+        transcriber = Transcriber(loaded, slots, cross_dtype=cross)
         transcriber.max_spectrogram_frames = self.settings.max_spectrogram_frames
         budget, size = self.settings.model_memory_bytes, _model_bytes(transcriber)
         while self._loaded and size + sum(map(_model_bytes, self._loaded.values())) > budget:

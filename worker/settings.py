@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlparse
 
 from pydantic import Field, field_validator
@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     # cache for each loaded model's pool of decoding slots (sequences in flight); default: half
     # the free GPU memory, or 16 slots on the CPU
     slot_memory_bytes: int | None = None
+    # cross-attention K/V cache: "model" (the weights' dtype) or "fp8" (half the bytes: more
+    # slots, faster large-model decoding; WER within 0.3 of fp16 on the dev set, on CUDA)
+    cross_kv: Literal["model", "fp8"] = "model"
     worker_concurrency: int = 2
     max_attempts: int = 5  # starts of one job before it is failed as poison
     cache_dir: Path = Field(default_factory=_default_cache_dir)

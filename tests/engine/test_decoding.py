@@ -33,6 +33,7 @@ def state(tok, sampled: list[list[int]], timestamps=True) -> DecodeState:
         penultimate=torch.tensor([at(r, -2) for r in sampled]),
         last_timestamp=torch.tensor([s[-1] if s else -1 for s in stamps]),
         timestamps=torch.tensor([timestamps] * len(sampled)),
+        min_tokens=torch.zeros(len(sampled), dtype=torch.long),
     )
 
 

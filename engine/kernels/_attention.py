@@ -1,0 +1,88 @@
+"""Triton source of `engine.kernels.attention` (imported only where Triton is)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    lengths_ptr,
+    partial_ptr,  # fp32 (batch * n_head, SPLITS, D + 2): acc, max, sum
+    out_ptr,  # (batch, n_head, D), written here when SPLITS == 1
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    n_head,
+    n_keys,
+    scale,
+    HAS_LENGTHS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,  # positions per split, a multiple of BLOCK_N
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // n_head
+    h = bh % n_head
+    end = n_keys
+    if HAS_LENGTHS:
+        end = tl.minimum(tl.load(lengths_ptr + b).to(tl.int32), n_keys)
+    start = split * CHUNK
+    stop = tl.minimum(start + CHUNK, end)
+
+    dims = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + dims).to(tl.float32) * scale
+    k_row = k_ptr + b * stride_kb + h * stride_kh
+    v_row = v_ptr + b * stride_vb + h * stride_vh
+    m = -float("inf")
+    s = 0.0
+    acc = tl.zeros([D], dtype=tl.float32)
+    for i in range(0, CHUNK // BLOCK_N):  # a split may be partly or wholly past `stop`
+        pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid = pos < stop
+        k = tl.load(k_row + pos[:, None] * stride_kn + dims[None, :], valid[:, None], other=0.0)
+        scores = tl.sum(q[None, :] * k.to(tl.float32), axis=1)
+        scores = tl.where(valid, scores, -float("inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing seen yet
+        alpha = tl.exp(m - shift)
+        p = tl.exp(scores - shift)
+        v = tl.load(v_row + pos[:, None] * stride_vn + dims[None, :], valid[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        s = s * alpha + tl.sum(p, axis=0)
+        m = m_new
+
+    if SPLITS == 1:
+        tl.store(out_ptr + bh * D + dims, (acc / s).to(out_ptr.dtype.element_ty))
+    else:
+        base = partial_ptr + (bh * SPLITS + split) * (D + 2)
+        tl.store(base + dims, acc)
+        tl.store(base + D, m)
+        tl.store(base + D + 1, s)
+
+
+@triton.jit
+def combine_kernel(
+    partial_ptr, out_ptr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, D: tl.constexpr
+):
+    bh = tl.program_id(0)
+    splits = tl.arange(0, SPLITS_P2)
+    used = splits < SPLITS
+    dims = tl.arange(0, D)
+    base = partial_ptr + bh * SPLITS * (D + 2)
+    m = tl.load(base + splits * (D + 2) + D, mask=used, other=-float("inf"))
+    s = tl.load(base + splits * (D + 2) + D + 1, mask=used, other=0.0)
+    acc = tl.load(base + splits[:, None] * (D + 2) + dims[None, :], mask=used[:, None], other=0.0)
+    top = tl.max(m, axis=0)
+    w = tl.where(m == -float("inf"), 0.0, tl.exp(m - top))  # empty splits weigh nothing
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * s, axis=0)
+    tl.store(out_ptr + bh * D + dims, out.to(out_ptr.dtype.element_ty))

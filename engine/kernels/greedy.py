@@ -1,0 +1,117 @@
+"""The greedy choice under Whisper's rules, with its log-probability, in one kernel.
+
+Applied one by one in torch, the rules (`engine.decoding`) and the choice make about a dozen
+passes over the step's logits: at batch 512 that is 512 x 51865 floats each time, more time
+than the decoder's matrix work for the small models. The Triton kernel reads each row's
+logits once (twice when the row predicts timestamps: the timestamp rule weighs the others'
+result first), applies the same rules in registers, and writes only the chosen token and its
+log-probability. Sampling rows need the whole filtered distribution and take the torch path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from engine.decoding import (
+    ApplyTimestampRules,
+    DecodeState,
+    LogitFilter,
+    SuppressBlank,
+    SuppressEarlyEnd,
+    SuppressTokens,
+)
+from engine.kernels import use_triton
+
+BLOCK = 2048  # vocabulary entries per loop iteration
+
+
+class GreedyRules:
+    """A list of `engine.decoding` filters, as the fused kernel's arguments."""
+
+    def __init__(self, filters: list[LogitFilter], n_vocab: int, device: torch.device):
+        self.filters, self.n_vocab = filters, n_vocab
+        self.suppress = torch.zeros(n_vocab, dtype=torch.uint8, device=device)
+        self.blank: Tensor | None = None
+        self.eot, self.timestamp_rules = -1, None
+        for i, f in enumerate(filters):
+            if isinstance(f, SuppressEarlyEnd):
+                self.eot = f.eot
+            elif isinstance(f, SuppressTokens):
+                self.suppress |= f.mask.to(device, torch.uint8)
+            elif isinstance(f, SuppressBlank):
+                if self.blank is None:
+                    self.blank = torch.zeros(n_vocab, dtype=torch.uint8, device=device)
+                self.blank[f.token_ids.to(device)] = 1
+            elif isinstance(f, ApplyTimestampRules) and i == len(filters) - 1:
+                self.timestamp_rules = f
+            else:
+                raise TypeError(f"the fused kernel does not know {f!r} at position {i}")
+
+    def select(self, logits: Tensor, state: DecodeState, timestamps: bool) -> tuple[Tensor, Tensor]:
+        """Greedy token and its log-probability for each row.
+
+        logits: shape = (batch, n_vocab), any float dtype, rows may be strided
+        timestamps: whether any row predicts timestamps (else the timestamp rules are skipped)
+        """
+        if use_triton(logits):
+            return self.triton_select(logits, state, timestamps)
+        return self.torch_select(logits, state, timestamps)
+
+    def apply(self, logits: Tensor, state: DecodeState, timestamps: bool) -> Tensor:
+        """The rules applied one by one: a new float32 tensor of filtered logits."""
+        logits = logits.to(torch.float32, copy=True)
+        for f in self.filters:
+            if timestamps or not f.only_with_timestamps:
+                f.apply(logits, state)
+        return logits
+
+    @staticmethod
+    def choose(filtered: Tensor) -> tuple[Tensor, Tensor]:
+        token = filtered.argmax(dim=-1)
+        return token, filtered.log_softmax(dim=-1).gather(1, token[:, None])[:, 0]
+
+    def torch_select(
+        self, logits: Tensor, state: DecodeState, timestamps: bool
+    ) -> tuple[Tensor, Tensor]:
+        return self.choose(self.apply(logits, state, timestamps))
+
+    def triton_select(
+        self, logits: Tensor, state: DecodeState, timestamps: bool
+    ) -> tuple[Tensor, Tensor]:
+        from engine.kernels._greedy import greedy_kernel
+
+        if logits.stride(-1) != 1:
+            raise ValueError("each row of logits must be contiguous")
+        b = logits.shape[0]
+        token = torch.empty(b, dtype=torch.long, device=logits.device)
+        logprob = torch.empty(b, dtype=torch.float32, device=logits.device)
+        ts = self.timestamp_rules
+        timestamps = timestamps and ts is not None
+        last_initial = self.n_vocab
+        if ts is not None and ts.max_initial_index is not None:
+            last_initial = ts.begin + ts.max_initial_index
+        greedy_kernel[(b,)](
+            logits,
+            logits.stride(0),
+            self.suppress,
+            self.blank if self.blank is not None else self.suppress,
+            state.n_sampled,
+            state.last,
+            state.penultimate,
+            state.last_timestamp,
+            state.timestamps,
+            state.min_tokens,
+            token,
+            logprob,
+            self.eot,
+            ts.no_timestamps if ts else -1,
+            ts.begin if ts else self.n_vocab,
+            last_initial,
+            N_VOCAB=self.n_vocab,
+            HAS_BLANK=self.blank is not None,
+            TIMESTAMPS=timestamps,
+            BLOCK=BLOCK,
+            num_warps=8,
+        )
+        return token, logprob

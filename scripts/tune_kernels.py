@@ -1,0 +1,153 @@
+"""Time the decode-attention kernel's settings and the encoder's attention backends on the GPU.
+
+For each shape: the bytes the cross-attention must read, the time of PyTorch's SDPA (whatever
+backend it picks) and of the Triton kernel under each setting (checked against SDPA first),
+as achieved bandwidth. Then the encoder under each SDPA backend.
+
+    python scripts/tune_kernels.py
+"""
+
+import itertools
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from engine.kernels.attention import torch_decode_attention, triton_decode_attention
+from engine.loader import load_model
+from engine.mel import N_FRAMES
+from engine.model import EncoderBlock, _heads, _merge_heads
+
+
+def bench(fn, repeat: int = 20) -> float:
+    """Median milliseconds of `fn` (events around each call, after warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def graphed(fn, calls: int = 10) -> float:
+    """Milliseconds per call of `fn` replayed from a CUDA graph (no launch overhead): the
+    time it takes inside the engine's captured steps."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return bench(graph.replay) / calls
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return 2 * x.numel() / ms / 1e9  # TB/s
+
+
+def attention(batch: int, heads: int, dtype, n: int = 1500, lengths: bool = False) -> None:
+    d = 64
+    q = torch.randn(batch, heads, d, device="cuda", dtype=torch.float16)
+    k = torch.randn(batch, heads, n, d, device="cuda").to(dtype)
+    v = torch.randn(batch, heads, n, d, device="cuda").to(dtype)
+    seen = torch.randint(n - 30, n + 1, (batch,), device="cuda") if lengths else None
+    gbytes = 2 * k.numel() * k.element_size() / 1e9
+    ref = torch_decode_attention(q.float(), k.float(), v.float(), seen)
+    rows = []
+    if dtype == torch.float16:
+        rows.append(("sdpa", graphed(lambda: torch_decode_attention(q, k, v, seen))))
+    for block_n, target, warps, stages in itertools.product(
+        (64, 128, 256), (1024, 8192), (4, 8), (None, 2, 4)
+    ):
+
+        def fn(b=block_n, t=target, w=warps, s=stages):
+            return triton_decode_attention(q, k, v, seen, b, t, 128, w, s)
+
+        err = float((fn().float() - ref).norm() / ref.norm())
+        if err > 1e-2:
+            print(f"  WRONG block_n={block_n} target={target} warps={warps}: {err:.1e}")
+            continue
+        name = f"triton block_n={block_n} target={target} warps={warps} stages={stages}"
+        rows.append((name, graphed(fn)))
+    what = "self" if lengths else "cross"
+    print(f"{what}-attention b={batch} h={heads} n={n} {str(dtype)[6:]}: {gbytes * 1000:.0f} MB")
+    for name, ms in sorted(rows, key=lambda r: r[1])[:5] + [r for r in rows if r[0] == "sdpa"]:
+        print(f"  {ms * 1000:8.1f} us  {gbytes / ms:5.2f} TB/s  {name}")
+
+
+def split_qkv_forward(self, x):
+    """EncoderBlock.forward with q, k and v from three products, each contiguous."""
+    h, d = self.attn.n_head, x.shape[-1]
+    y = self.attn_ln(x)
+    w, b = self.attn.qkv.weight, self.attn.qkv.bias
+    q, k, v = (F.linear(y, w[i * d : (i + 1) * d], b[i * d : (i + 1) * d]) for i in range(3))
+    a = F.scaled_dot_product_attention(_heads(q, h), _heads(k, h), _heads(v, h))
+    x = x + self.attn.out(_merge_heads(a))
+    return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+
+
+def encoder(size: str, batch: int) -> None:
+    m = load_model(f"random:{size}", device="cuda", dtype=torch.float16)
+    mel = torch.randn(batch, m.dims.n_mels, N_FRAMES, device="cuda", dtype=torch.float16)
+    fused_forward = EncoderBlock.forward
+    with torch.inference_mode():
+        ref = m.model.encoder(mel).float()
+        for variant, backend in itertools.product(
+            ("fused qkv", "split qkv"),
+            (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION),
+        ):
+            EncoderBlock.forward = split_qkv_forward if variant == "split qkv" else fused_forward
+            try:
+                with sdpa_kernel(backend):
+                    out = m.model.encoder(mel).float()
+                    err = float((out - ref).norm() / ref.norm())
+                    ms = graphed(lambda: m.model.encoder(mel), calls=2)
+            except RuntimeError as e:
+                print(f"encoder {size} {variant} {backend.name}: {e}"[:200])
+                continue
+            finally:
+                EncoderBlock.forward = fused_forward
+            print(
+                f"encoder {size} b={batch} {variant} {backend.name}: {ms:.2f} ms "
+                f"({ms / batch:.3f} ms/window, rel. diff {err:.1e})"
+            )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            m.model.encoder(mel)
+            torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
+    print("\n".join(line[:60] + line[-75:] for line in table.splitlines()))
+
+
+def main() -> None:
+    if "--encoder" in sys.argv:
+        encoder("tiny", 32)
+        encoder("large-v3", 8)
+        return
+    print(f"copy bandwidth: {copy_bandwidth():.2f} TB/s")
+    for batch, heads, dtype in (
+        (512, 6, torch.float16),
+        (1, 6, torch.float16),
+        (1, 20, torch.float16),
+        (128, 20, torch.float16),
+        (128, 20, torch.float8_e4m3fn),
+        (1, 20, torch.float8_e4m3fn),
+    ):
+        attention(batch, heads, dtype)
+    attention(512, 6, torch.float16, n=128, lengths=True)
+    attention(128, 20, torch.float16, n=128, lengths=True)
+
+
+if __name__ == "__main__":
+    main()

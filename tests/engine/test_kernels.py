@@ -1,0 +1,118 @@
+"""The Triton kernels against their torch reference, on fresh random inputs.
+
+Without a GPU the kernels run in Triton's interpreter (`TRITON_INTERPRET=1`, set before the
+kernels are first imported): slow, but the same source, indexing and masking.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
+pytest.importorskip("triton")
+
+from engine.decoding import DecodeState, build_filters, suppressed_tokens  # noqa: E402
+from engine.kernels.attention import (  # noqa: E402
+    torch_decode_attention,
+    triton_decode_attention,
+)
+from engine.kernels.greedy import GreedyRules  # noqa: E402
+from engine.loader import random_tokenizer  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize(
+    "batch, heads, keys, dtype, lengths",
+    [
+        (2, 3, 1500, torch.float16, False),  # cross-attention, split over positions
+        (1, 6, 1500, torch.float32, False),
+        (3, 2, 192, torch.float16, True),  # self-attention: each row sees its own prefix
+        (2, 2, 320, torch.bfloat16, True),
+        (2, 3, 1500, torch.float8_e4m3fn, False),  # fp8 cache, fp16 query
+    ],
+)
+def test_decode_attention_matches_float64_reference(batch, heads, keys, dtype, lengths):
+    g = torch.Generator().manual_seed(batch * 1000 + keys)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(DEVICE)
+
+    q_dtype = torch.float16 if dtype == torch.float8_e4m3fn else dtype
+    q = rand(batch, heads, 64).to(q_dtype)
+    # a cache holds more positions than are read, and rows beyond a length hold garbage
+    k = rand(batch, heads, keys + 64, 64).to(dtype)[:, :, :keys]
+    v = rand(batch, heads, keys + 64, 64).to(dtype)[:, :, :keys]
+    n = torch.randint(1, keys + 1, (batch,), generator=g).to(DEVICE) if lengths else None
+    ref = torch_decode_attention(q.double(), k.double(), v.double(), n)
+    out = triton_decode_attention(q, k, v, n)
+    assert out.dtype == q_dtype and out.shape == (batch, heads, 64)
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref) < (2e-3 if q_dtype == torch.float32 else 1e-2)
+
+
+@pytest.fixture(scope="module")
+def rules():
+    tok, n_vocab = random_tokenizer("tiny"), 51865  # Whisper's multilingual vocabulary
+    suppress = suppressed_tokens(tok, [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31], ())
+    filters = build_filters(tok, n_vocab, suppress, True, 1.0, 1500, DEVICE)
+    return GreedyRules(filters, n_vocab, DEVICE), tok
+
+
+def random_state(tok, rows: int, g: torch.Generator) -> DecodeState:
+    """Histories of text and timestamp tokens of random lengths, as the scheduler keeps them."""
+    begin = tok.timestamp_begin
+    n_sampled, last, penultimate, last_ts = [], [], [], []
+    for _ in range(rows):
+        n = int(torch.randint(0, 6, (), generator=g))
+        history = []
+        for _ in range(n):
+            stamp = bool(torch.rand((), generator=g) < 0.4)
+            high = 1500 if stamp else 50000
+            history.append((begin if stamp else 0) + int(torch.randint(0, high, (), generator=g)))
+        stamps = [t for t in history if t >= begin]
+        n_sampled.append(n)
+        last.append(history[-1] if n >= 1 else -1)
+        penultimate.append(history[-2] if n >= 2 else -1)
+        last_ts.append(stamps[-1] if stamps else -1)
+
+    def t(x):
+        return torch.tensor(x, device=DEVICE)
+
+    return DecodeState(
+        n_sampled=t(n_sampled),
+        last=t(last),
+        penultimate=t(penultimate),
+        last_timestamp=t(last_ts),
+        timestamps=(torch.rand(rows, generator=g) < 0.7).to(DEVICE),
+        min_tokens=torch.randint(0, 3, (rows,), generator=g).to(DEVICE),
+    )
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_greedy_kernel_matches_torch_filters(rules, timestamps, dtype):
+    rules, tok = rules
+    g = torch.Generator().manual_seed(7 + timestamps)
+    rows, n_vocab = 48, rules.n_vocab
+    # a padded logits buffer, as the decoder's head writes it, read through a view
+    logits = torch.randn(rows, n_vocab + 39, generator=g) * 3
+    # on about half the rows, timestamps together outweigh the best text token
+    boost = (torch.rand(rows, 1, generator=g) < 0.5) * 4.0
+    logits[:, tok.timestamp_begin : n_vocab] += boost
+    logits = logits.to(dtype).to(DEVICE)[:, :n_vocab]
+    state = random_state(tok, rows, g)
+
+    ref_token, ref_logprob = rules.torch_select(logits, state, timestamps)
+    token, logprob = rules.triton_select(logits, state, timestamps)
+    assert torch.equal(token, ref_token)
+    torch.testing.assert_close(logprob, ref_logprob, rtol=1e-5, atol=1e-4)
+    if timestamps:  # the inputs reach the timestamp rules' branches
+        assert ((ref_token >= tok.timestamp_begin) & state.timestamps).any()
+        assert ((ref_token < tok.eot) & state.timestamps).any()
