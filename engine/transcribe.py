@@ -75,6 +75,15 @@ class Transcriber:
     ) -> Transcriber:
         return cls(load_model(source, device, dtype, cache_dir, name))
 
+    def shrink(self) -> None:
+        """Halve the slot pool (after running out of device memory); the next transcription
+        allocates the smaller pool and captures its graphs again."""
+        self.n_slots = max(1, self.n_slots // 2)
+        self.encoder_batch = min(self.encoder_batch, self.n_slots)
+        self._schedulers.clear()
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def source(self, item: Input) -> MelSource:
         """Validate and open one input; raises AudioError or SpectrogramError."""
         m = self.loaded

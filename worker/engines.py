@@ -75,4 +75,18 @@ class Engines:
             initial_prompt=options.prompt,
         )
         with self._lock:
-            return self._get(name).transcribe(data, engine_options, progress)
+            transcriber = self._get(name)
+            while True:
+                try:
+                    return transcriber.transcribe(data, engine_options, progress)
+                except torch.OutOfMemoryError:
+                    # another process took the memory the pool was sized from: decode fewer
+                    # windows at once rather than fail the job (at one slot, it fails)
+                    if transcriber.n_slots == 1:
+                        raise
+                    transcriber.shrink()
+                    log.warning(
+                        "out of GPU memory: %s now decodes %d windows at once",
+                        name,
+                        transcriber.n_slots,
+                    )

@@ -55,3 +55,34 @@ def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips)
     assert "ask not what your country can do for you" in text.lower()
     with pytest.raises(ValueError, match="cross_kv"):
         Settings(cross_kv="int4")
+
+
+def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, monkeypatch):
+    import torch
+
+    from engine.scheduler import Scheduler
+    from worker.jobs import JobOptions
+
+    engines = Engines(Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2))
+    transcriber = engines.get("tiny.en")
+    before = transcriber.n_slots
+    step, failures = Scheduler.step, []
+
+    def step_that_runs_out(self):
+        if len(failures) < 2:  # the first two attempts run out of memory mid-decode
+            failures.append(self.n_slots)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return step(self)
+
+    monkeypatch.setattr(Scheduler, "step", step_that_runs_out)
+    result = engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions())
+    assert "ask not what your country can do for you" in result.text.lower()
+    assert failures == [before, before // 2]
+    assert transcriber.n_slots == before // 4
+
+    # at one slot there is nothing left to give up: the error reaches the job
+    while transcriber.n_slots > 1:
+        transcriber.shrink()
+    failures.clear()
+    with pytest.raises(torch.OutOfMemoryError):
+        engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions())
