@@ -92,6 +92,7 @@ def engine_run(
         out: list[list[int]] = [[] for _ in range(n_windows)]
         queued = list(range(n_windows))
         while queued or sched.n_live:
+            sched.launch()
             room = sched.room(len(queued))
             if room:
                 ids, queued = queued[:room], queued[room:]
@@ -108,7 +109,7 @@ def engine_run(
                         for i in ids
                     ],
                 )
-            for index, sequence, result in sched.step():
+            for index, sequence, result in sched.collect():
                 out[sequence.owner] = result.tokens
                 sched.release(index)
             sched.compact()

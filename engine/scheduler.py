@@ -134,6 +134,7 @@ class Scheduler:
         self.xa_out: torch.Tensor | None = None
         self._pool = None
         self._step_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]] = {}
+        self._launched: int | None = None  # live rows the launched steps decode
         self._encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     # --- bookkeeping -------------------------------------------------------------------------
@@ -302,6 +303,8 @@ class Scheduler:
     def compact(self) -> None:
         """Fill the holes released sequences left with the last live ones, all moves in one
         gather per buffer and layer."""
+        if self._launched is not None:
+            raise RuntimeError("collect the launched steps before compacting")
 
         def drop_tail() -> None:
             while self.live and self.live[-1] is None:
@@ -376,13 +379,23 @@ class Scheduler:
         i = bisect.bisect_left(DECODE_BUCKETS, n)
         return min(DECODE_BUCKETS[i] if i < len(DECODE_BUCKETS) else self.n_slots, self.n_slots)
 
-    @torch.inference_mode()
     def step(self) -> list[tuple[int, Sequence, WindowResult]]:
-        """Decode steps (the horizon's, or one while a row samples) for every live sequence;
-        return those that finished."""
+        """Decode steps for every live sequence; return those that finished."""
+        self.launch()
+        return self.collect()
+
+    @torch.inference_mode()
+    def launch(self) -> None:
+        """Queue decode steps (the horizon's, or one while a row samples) for every live
+        sequence, without waiting for the GPU. Until `collect`, the caller may admit windows
+        into free slots (`encode`, `start`): their work queues behind the steps, so the host
+        prepares it while the GPU decodes."""
+        if self._launched is not None:
+            raise RuntimeError("collect the steps already launched first")
         n = self.n_live
         if n == 0:
-            return []
+            return
+        self._launched = n
         timestamps = any(s.task.timestamps for s in self.live)
         sampling = any(s.task.temperature > 0 for s in self.live)
         steps = 1 if sampling else self.horizon
@@ -408,8 +421,13 @@ class Scheduler:
                 self._step_graphs[key][1].replay()
             else:
                 self._commit(b)
-        self.next_position = [min(p + steps, self.text_ctx - 1) for p in self.next_position]
-        return self._finished(n)
+        self.next_position[:n] = [min(p + steps, self.text_ctx - 1) for p in self.next_position[:n]]
+
+    @torch.inference_mode()
+    def collect(self) -> list[tuple[int, Sequence, WindowResult]]:
+        """Wait for the launched steps; return the sequences among them that finished."""
+        n, self._launched = self._launched, None
+        return self._finished(n) if n is not None else []
 
     def _finished(self, n: int) -> list[tuple[int, Sequence, WindowResult]]:
         done = self.finished[:n].nonzero()[:, 0]

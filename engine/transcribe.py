@@ -163,12 +163,13 @@ class Transcriber:
         sched.generator.manual_seed(options.seed)
         waiting: list[tuple[Request, Window]] = []
         while True:
+            sched.launch()  # the GPU decodes while the host admits ready windows
             self._admit(sched, requests, waiting, options)
             if sched.n_live == 0:
                 if all(r.done for r in requests):
                     break
                 raise RuntimeError("no window is ready, yet some inputs are not done")
-            for index, sequence, result in sched.step():
+            for index, sequence, result in sched.collect():
                 r, window = sequence.owner
                 retry = sequence.attempt + 1
                 if options.needs_fallback(result) and retry < len(options.temperature):

@@ -12,6 +12,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+COLORS = {
+    "engine": "tab:blue",
+    "engine fp8": "tab:green",
+    "transformers static": "tab:orange",
+    "transformers dynamic": "tab:red",
+}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -19,7 +26,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     rows = [r for f in args.files for r in json.loads(f.read_text()) if r["tokens"] == "100"]
-    models = sorted({r["model"] for r in rows})
+    sizes = ["tiny", "base", "small", "medium", "large-v3"]
+    models = sorted({r["model"] for r in rows}, key=lambda m: sizes.index(m.split(":")[-1]))
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         mine = [r for r in rows if r["model"] == model]
@@ -34,7 +42,9 @@ def main() -> None:
                 )
                 for b in batches
             ]
-            bars = ax.bar([x + i * width for x in range(len(batches))], values, width, label=system)
+            color = COLORS.get(system)
+            xs = [x + i * width for x in range(len(batches))]
+            bars = ax.bar(xs, values, width, label=system, color=color)
             ax.bar_label(bars, fmt="%.0f", fontsize=8)
         ax.set_xticks(
             [x + width * (len(systems) - 1) / 2 for x in range(len(batches))],

@@ -2,7 +2,7 @@
 
 1. A bench run (`engine_run`: 3 x batch windows of 100 tokens) with the host time of each
    scheduler phase (the GPU is synchronised at each phase's end, so a phase's time includes
-   the GPU work it queued);
+   the GPU work it queued, and admission no longer overlaps the launched steps);
 2. one decode step's graph replays, timed with CUDA events;
 3. the kernels of the encoder and of one decode step, from the profiler.
 
@@ -23,7 +23,8 @@ from engine.scheduler import Scheduler
 def phase_times(loaded, batch: int) -> None:
     spent: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    originals = {name: getattr(Scheduler, name) for name in ("encode", "start", "step", "compact")}
+    phases = ("launch", "encode", "start", "collect", "compact")
+    originals = {name: getattr(Scheduler, name) for name in phases}
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -82,17 +83,17 @@ def main() -> None:
 
     # a scheduler with every slot live, mid-way through its windows
     holder = {}
-    original = Scheduler.step
+    original = Scheduler.launch
 
     def keep(self):
         holder["sched"] = self
         return original(self)
 
-    Scheduler.step = keep
+    Scheduler.launch = keep
     try:
         engine_run(loaded, args.batch, args.batch, [100])()
     finally:
-        Scheduler.step = original
+        Scheduler.launch = original
     sched = holder["sched"]
     key = replay_times(sched, loaded.name)
     enc = max(sched._encoder_graphs)
