@@ -96,7 +96,9 @@ def engine_run(
             room = sched.room(len(queued))
             if room:
                 ids, queued = queued[:room], queued[room:]
-                rows = sched.encode(mels[[i % len(mels) for i in ids]])
+                # views stacked on the GPU: indexing with a host list would copy the list
+                # from pageable memory, which waits for the launched steps
+                rows = sched.encode(torch.stack([mels[i % len(mels)] for i in ids]))
                 sched.start(
                     rows,
                     [

@@ -91,6 +91,9 @@ class Scheduler:
         max_prompt = max_prompt or d.n_text_ctx // 2 + 4
         text_ctx = min(d.n_text_ctx, -(-(max_prompt + sample_len) // KEY_STEP) * KEY_STEP)
         self.text_ctx = text_ctx
+        if cross_dtype == torch.float8_e4m3fn and device.type == "cuda":
+            if torch.cuda.get_device_capability(device) < (8, 9):
+                raise ValueError("an fp8 cross-attention cache needs compute capability 8.9+")
         self.cache = KVCache.allocate(d, n_slots, device, loaded.dtype, text_ctx, cross_dtype)
 
         def slots(fill, dtype=torch.long):
@@ -296,6 +299,13 @@ class Scheduler:
         sequence = self.live[index]
         sequence.task, sequence.attempt = task, attempt
         self._prefill(slice(index, index + 1), [sequence])
+
+    def reset(self) -> None:
+        """Forget every sequence (after a failed transcription): the pool is free again. Steps
+        still running on the GPU come before whatever is queued next."""
+        self._launched = None
+        self.live.clear()
+        self.next_position.clear()
 
     def release(self, index: int) -> None:
         self.live[index] = None

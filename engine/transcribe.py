@@ -161,6 +161,20 @@ class Transcriber:
         requests = [kind(self.source(item), options, m.tokenizer) for item in items]
         sched = self.scheduler(options)
         sched.generator.manual_seed(options.seed)
+        try:
+            self._decode(sched, requests, options, progress)
+        except BaseException:
+            sched.reset()  # the next transcription starts with a free pool
+            raise
+        return [self._result(r, options) for r in requests]
+
+    def _decode(
+        self,
+        sched: Scheduler,
+        requests: list[Request],
+        options: TranscriptionOptions,
+        progress: Progress | None,
+    ) -> None:
         waiting: list[tuple[Request, Window]] = []
         while True:
             sched.launch()  # the GPU decodes while the host admits ready windows
@@ -180,7 +194,6 @@ class Transcriber:
                 if progress:
                     progress(requests.index(r), r.done_seconds, r.source.duration)
             sched.compact()
-        return [self._result(r, options) for r in requests]
 
     def _admit(self, sched: Scheduler, requests: list[Request], waiting: list, options) -> None:
         """Admit ready windows (kept in `waiting` until they fit) as one encoder batch."""

@@ -116,3 +116,24 @@ def test_progress_is_reported_up_to_the_duration(tiny_en, long_clip):
     tiny_en.transcribe(data, progress=lambda i, done, total: seen.append((i, done, total)))
     assert len(seen) >= 2 and seen[-1][1] == pytest.approx(seen[-1][2], abs=0.01)
     assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen)
+
+
+def test_a_transcription_that_fails_midway_leaves_the_pool_free(tiny_en, clips, monkeypatch):
+    """An input that breaks while others decode (a stream that turns out truncated, say)
+    fails its transcription; the next one runs on a free pool."""
+    admit, calls = type(tiny_en)._admit, []
+
+    def admit_then_break(self, sched, *args):
+        calls.append(sched.n_live)
+        if len(calls) == 2:  # decode steps are launched and a window is live
+            raise RuntimeError("the input broke")
+        return admit(self, sched, *args)
+
+    monkeypatch.setattr(type(tiny_en), "_admit", admit_then_break)
+    with pytest.raises(RuntimeError, match="the input broke"):
+        tiny_en.transcribe(clips["en_jfk"].bytes)
+    assert calls == [0, 1]
+    monkeypatch.undo()
+    sched = next(iter(tiny_en._schedulers.values()))
+    assert sched.n_live == 0
+    assert "ask not what your country" in tiny_en.transcribe(clips["en_jfk"].bytes).text

@@ -66,15 +66,15 @@ def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, mo
     engines = Engines(Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2))
     transcriber = engines.get("tiny.en")
     before = transcriber.n_slots
-    step, failures = Scheduler.step, []
+    launch, failures = Scheduler.launch, []
 
-    def step_that_runs_out(self):
-        if len(failures) < 2:  # the first two attempts run out of memory mid-decode
+    def launch_that_runs_out(self):
+        if len(failures) < 2 and self.n_live:  # the first two attempts run out mid-decode
             failures.append(self.n_slots)
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return step(self)
+        return launch(self)
 
-    monkeypatch.setattr(Scheduler, "step", step_that_runs_out)
+    monkeypatch.setattr(Scheduler, "launch", launch_that_runs_out)
     result = engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions())
     assert "ask not what your country can do for you" in result.text.lower()
     assert failures == [before, before // 2]
