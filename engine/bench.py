@@ -6,7 +6,9 @@ not depend on the values). transformers runs `generate` with SDPA, with its defa
 cache and with `cache_implementation="static"`. The engine runs its scheduler over a pool of
 `batch` slots fed `3 * batch` windows (continuous batching, CUDA graphs), its cross-attention
 cache in the model's dtype ("engine") or in fp8 ("engine fp8"). Reported: windows/s,
-audio seconds per second (RTFx), latency of one window at batch 1, peak GPU memory.
+audio seconds per second (RTFx), latency of one window at batch 1, peak GPU memory, and the
+engine's windows/s over transformers' static cache at the same batch. The second part, real
+weights on real speech, is `engine.gpu_checks`.
 """
 
 from __future__ import annotations
@@ -190,15 +192,27 @@ def bench_transformers(size: str, batch: int, cache: str, tokens: int) -> Row:
 
 
 def table(rows: list[Row]) -> str:
+    """The rows as a Markdown table; "vs static": an engine row's windows/s over transformers'
+    static cache at the same model and batch (fixed-length work, same run)."""
+    static = {
+        (r.model, r.batch): r.windows_per_s
+        for r in rows
+        if r.system == "transformers static" and r.tokens == "100"
+    }
     lines = [
-        "| model | system | batch | tokens | windows/s | RTFx | latency ms | peak GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | system | batch | tokens | windows/s | RTFx | latency ms | peak GiB "
+        "| vs static |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         latency = f"{r.latency_ms:.1f}" if r.latency_ms is not None else ""
         speed = f"{r.windows_per_s:.1f} | {r.rtfx:.0f}"
+        base = static.get((r.model, r.batch))
+        ratio = ""
+        if r.system.startswith("engine") and r.tokens == "100" and base:
+            ratio = f"{r.windows_per_s / base:.2f}x"
         lines.append(
             f"| {r.model} | {r.system} | {r.batch} | {r.tokens} | {speed} | {latency} "
-            f"| {r.peak_gib:.1f} |"
+            f"| {r.peak_gib:.1f} | {ratio} |"
         )
     return "\n".join(lines)

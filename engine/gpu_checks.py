@@ -108,11 +108,15 @@ def check_model(model: str, clips: list[Clip], device: torch.device) -> Report:
     eager = _greedy_tokens(Transcriber(loaded, graphs=False), short)
     same = _same(graphed, eager)
     report.add("greedy tokens, graphs == eager", f"{same}/{len(short)}", same == len(short))
+    previous = os.environ.get("WHISPERFLEET_TRITON")
     os.environ["WHISPERFLEET_TRITON"] = "0"
     try:
         plain = _greedy_tokens(Transcriber(loaded, graphs=False), short)
     finally:
-        del os.environ["WHISPERFLEET_TRITON"]
+        if previous is None:
+            del os.environ["WHISPERFLEET_TRITON"]
+        else:
+            os.environ["WHISPERFLEET_TRITON"] = previous
     report.add("greedy tokens, Triton == torch", f"{_same(graphed, plain)}/{len(short)}")
 
     fp8 = Transcriber(loaded, cross_dtype=torch.float8_e4m3fn)

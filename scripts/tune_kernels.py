@@ -1,19 +1,22 @@
-"""Time the decode-attention kernel's settings and the encoder's attention backends on the GPU.
+"""Time the decode-attention kernel's settings, the encoder's attention backends and the
+log-mel on the GPU.
 
 For each shape: the bytes the cross-attention must read, the time of PyTorch's SDPA (whatever
 backend it picks) and of the Triton kernel under each setting (checked against SDPA first),
 as achieved bandwidth. Then the encoder under each SDPA backend.
 
-    python scripts/tune_kernels.py
+    python scripts/tune_kernels.py [--encoder | --mel]
 """
 
 import itertools
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine.inputs import audio_source
 from engine.kernels.attention import torch_decode_attention, triton_decode_attention
 from engine.loader import load_model
 from engine.mel import N_FRAMES
@@ -130,7 +133,25 @@ def encoder(size: str, batch: int) -> None:
     print("\n".join(line[:60] + line[-75:] for line in table.splitlines()))
 
 
+def log_mel(seconds: float, n: int = 50) -> None:
+    """Wall time of turning decoded samples into a window's log-mel, as a worker does for each
+    clip of up to 30 s (copy to the GPU, STFT, mel filters, the clip's silence floor)."""
+    samples = (0.1 * torch.randn(int(seconds * 16000))).numpy()
+    audio_source(samples, 128, torch.device("cuda"))
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        audio_source(samples, 128, torch.device("cuda"))
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) * 1000 / n
+    print(f"log-mel of a {seconds:.0f} s clip on the GPU: {ms:.3f} ms (host and device)")
+
+
 def main() -> None:
+    if "--mel" in sys.argv:
+        for seconds in (5, 30):
+            log_mel(seconds)
+        return
     if "--encoder" in sys.argv:
         encoder("tiny", 32)
         encoder("large-v3", 8)

@@ -1,0 +1,20 @@
+"""The bench's table: an engine row's ratio is over transformers' static cache at its batch."""
+
+from engine.bench import Row, table
+
+
+def test_table_gives_engine_rows_their_ratio_over_static_at_the_same_batch():
+    rows = [
+        Row("random:tiny", "engine", 512, 1500.0, None, 5.8),
+        Row("random:tiny", "engine", 512, 1200.0, None, 6.6, tokens="10-200"),
+        Row("random:tiny", "engine fp8", 256, 900.0, None, 3.0),
+        Row("random:tiny", "transformers static", 512, 1000.0, None, 7.2),
+        Row("random:tiny", "transformers static", 1, 5.0, 190.0, 0.1),
+    ]
+    lines = table(rows).splitlines()
+    assert lines[0].endswith("| peak GiB | vs static |")
+    assert lines[2] == "| random:tiny | engine | 512 | 100 | 1500.0 | 45000 |  | 5.8 | 1.50x |"
+    assert lines[3].endswith("| 6.6 |  |")  # mixed lengths: no like-for-like row
+    assert lines[4].endswith("| 3.0 |  |")  # no static row at batch 256
+    static_b1 = "| random:tiny | transformers static | 1 | 100 | 5.0 | 150 | 190.0 | 0.1 |  |"
+    assert lines[6] == static_b1
