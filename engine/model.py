@@ -18,7 +18,8 @@ Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
   continuous batching need. The cross-attention cache may be fp8 (half the bytes that large
   models' decode steps read); it is widened as it is read.
 - a decode step (one token per row) attends through `engine.kernels.attention`: a split-K
-  Triton kernel on CUDA, `scaled_dot_product_attention` elsewhere.
+  Triton kernel on CUDA (cuDNN for large fp16 batches of the cross-attention),
+  `scaled_dot_product_attention` elsewhere.
 
 The network knows nothing of requests, tokens' meaning or decoding policy.
 """
