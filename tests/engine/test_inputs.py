@@ -103,3 +103,13 @@ def test_non_finite_values_are_refused():
 def test_unreadable_npy_is_refused(tiny_en):
     with pytest.raises(SpectrogramError, match="not a readable .npy"):
         tiny_en.source(b"\x93NUMPY\x01\x00garbage")
+
+
+def test_audio_and_spectrograms_share_one_batch(tiny_en, clips):
+    """Windows from audio and from spectrograms go through the same encoder batch."""
+    names = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
+    mel = extractor_features(decode_audio(clips[names[1]].bytes))[0]
+    items = [clips[names[0]].bytes, mel, clips[names[2]].bytes]
+    together = tiny_en.transcribe_batch(items)
+    assert [tokens(r) for r in together] == [tokens(tiny_en.transcribe(i)) for i in items]
+    assert tokens(together[1]) == tokens(tiny_en.transcribe(clips[names[1]].bytes))
