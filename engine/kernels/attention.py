@@ -25,9 +25,10 @@ from engine.kernels import use_triton
 BLOCK_N = 256  # positions per loop iteration
 MIN_CHUNK = 128  # positions per split at least
 TARGET_PROGRAMS = 1024  # split until this many (row, head, split) programs run
-# From this many (row, head) pairs, cuDNN's attention reads an fp16/bf16 cross-attention
-# cache faster (4.4 TB/s at 128 x 20 and 512 x 6, against 4.0-4.1 here); below, the split
-# over positions wins (batch 1: 6.3 us against 7.9 for 1500 positions, 20 heads).
+# From this many (row, head) pairs, an fp16/bf16 cross-attention cache goes to cuDNN: it read
+# faster at 2560 and 3072 pairs (4.4 TB/s at 128 x 20 and 512 x 6, against 4.0-4.1 here); the
+# split over positions won at 6 and 20 (batch 1: 6.3 us against 7.9 for 1500 positions, 20
+# heads). The crossover between was not measured.
 LIBRARY_FROM = 1024
 
 
