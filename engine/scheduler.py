@@ -389,11 +389,6 @@ class Scheduler:
         i = bisect.bisect_left(DECODE_BUCKETS, n)
         return min(DECODE_BUCKETS[i] if i < len(DECODE_BUCKETS) else self.n_slots, self.n_slots)
 
-    def step(self) -> list[tuple[int, Sequence, WindowResult]]:
-        """Decode steps for every live sequence; return those that finished."""
-        self.launch()
-        return self.collect()
-
     @torch.inference_mode()
     def launch(self) -> None:
         """Queue decode steps (the horizon's, or one while a row samples) for every live
