@@ -212,9 +212,11 @@ class DecoderBlock(nn.Module):
         layer: int,
         n_keys: int,
         mask: Tensor | None,
+        lengths: Tensor | None,
     ) -> Tensor:
-        """mask: shape = (batch, 1, n_tokens, n_keys), True where a query may see a key; None
-        for a decode step (one token per row), which sees each row's keys up to its position"""
+        """mask: shape = (batch, 1, n_tokens, n_keys), True where a query may see a key;
+        or, for a decode step (one token per row), None and lengths: shape = (batch,), the
+        keys each row sees (its position + 1)"""
         h = self.attn.n_head
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         # Write this step's keys/values at each row's own positions, then attend over the
@@ -229,7 +231,7 @@ class DecoderBlock(nn.Module):
         cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
         if mask is None:
             q = q.view(b, h, d // h)
-            a = decode_attention(q, keys, values, positions[:, 0] + 1).view(b, 1, d)
+            a = decode_attention(q, keys, values, lengths).view(b, 1, d)
             x = x + self.attn.out(a)
             q = self.cross_attn.q(self.cross_attn_ln(x)).view(b, h, d // h)
             a = decode_attention(q, cross_k, cross_v).view(b, 1, d)
@@ -275,12 +277,14 @@ class TextDecoder(nn.Module):
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         n_keys = n_keys or int(positions.max()) + 1
-        mask = None
+        mask = lengths = None
         if tokens.shape[1] > 1:
             key_positions = torch.arange(n_keys, device=tokens.device)
             mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
+        else:
+            lengths = positions[:, 0] + 1
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, rows, cache, layer, n_keys, mask)
+            x = block(x, positions, rows, cache, layer, n_keys, mask, lengths)
         x = self.ln(x)
         return F.linear(x, self.token_embedding.weight)[..., : self.n_vocab]
 
