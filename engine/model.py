@@ -192,6 +192,32 @@ class AudioEncoder(nn.Module):
         return self.ln_post(x)
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a decoder pass's tokens sit, worked out once for every layer.
+
+    positions: shape = (batch, n_tokens); batch: shape = (batch, 1), each row's index, to
+    write its cache at its own positions; n_keys: self-attention positions read; mask: shape =
+    (batch, 1, n_tokens, n_keys), True where a query may see a key (several tokens a row); or,
+    for a decode step (one token a row), lengths: shape = (batch,), the keys each row sees.
+    """
+
+    positions: Tensor
+    batch: Tensor
+    n_keys: int
+    mask: Tensor | None
+    lengths: Tensor | None
+
+    @classmethod
+    def of(cls, positions: Tensor, n_keys: int) -> Where:
+        batch = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        if positions.shape[1] == 1:
+            return cls(positions, batch, n_keys, None, positions[:, 0] + 1)
+        keys = torch.arange(n_keys, device=positions.device)
+        mask = keys[None, None, None, :] <= positions[:, None, :, None]
+        return cls(positions, batch, n_keys, mask, None)
+
+
 class DecoderBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int, n_ff: int):
         super().__init__()
@@ -203,40 +229,27 @@ class DecoderBlock(nn.Module):
         self.fc1 = nn.Linear(n_state, n_ff)
         self.fc2 = nn.Linear(n_ff, n_state)
 
-    def forward(
-        self,
-        x: Tensor,
-        positions: Tensor,
-        rows: slice,
-        cache: KVCache,
-        layer: int,
-        n_keys: int,
-        mask: Tensor | None,
-        lengths: Tensor | None,
-    ) -> Tensor:
-        """mask: shape = (batch, 1, n_tokens, n_keys), True where a query may see a key;
-        or, for a decode step (one token per row), None and lengths: shape = (batch,), the
-        keys each row sees (its position + 1)"""
+    def forward(self, x: Tensor, at: Where, rows: slice, cache: KVCache, layer: int) -> Tensor:
         h = self.attn.n_head
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         # Write this step's keys/values at each row's own positions, then attend over the
-        # first n_keys positions, masking those after each query's own (rows differ in length).
-        # (Index tensors split by a slice put their axes first: the target is (b, t, head, d).)
+        # first n_keys positions, each query seeing only those up to its own (rows differ in
+        # length). (Index tensors split by a slice put their axes first: the target is
+        # (b, t, head, d).)
         b, t, d = k.shape
-        batch = torch.arange(b, device=x.device)[:, None]
-        cache.self_k[layer, rows][batch, :, positions] = k.view(b, t, h, d // h)
-        cache.self_v[layer, rows][batch, :, positions] = v.view(b, t, h, d // h)
-        keys = cache.self_k[layer, rows, :, :n_keys]
-        values = cache.self_v[layer, rows, :, :n_keys]
+        cache.self_k[layer, rows][at.batch, :, at.positions] = k.view(b, t, h, d // h)
+        cache.self_v[layer, rows][at.batch, :, at.positions] = v.view(b, t, h, d // h)
+        keys = cache.self_k[layer, rows, :, : at.n_keys]
+        values = cache.self_v[layer, rows, :, : at.n_keys]
         cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
-        if mask is None:
+        if at.mask is None:
             q = q.view(b, h, d // h)
-            a = decode_attention(q, keys, values, lengths).view(b, 1, d)
+            a = decode_attention(q, keys, values, at.lengths).view(b, 1, d)
             x = x + self.attn.out(a)
             q = self.cross_attn.q(self.cross_attn_ln(x)).view(b, h, d // h)
             a = decode_attention(q, cross_k, cross_v).view(b, 1, d)
         else:
-            a = F.scaled_dot_product_attention(_heads(q, h), keys, values, attn_mask=mask)
+            a = F.scaled_dot_product_attention(_heads(q, h), keys, values, attn_mask=at.mask)
             x = x + self.attn.out(_merge_heads(a))
             q = self.cross_attn.q(self.cross_attn_ln(x))
             a = F.scaled_dot_product_attention(
@@ -276,15 +289,9 @@ class TextDecoder(nn.Module):
             the padded head's output, so rows are strided
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
-        n_keys = n_keys or int(positions.max()) + 1
-        mask = lengths = None
-        if tokens.shape[1] > 1:
-            key_positions = torch.arange(n_keys, device=tokens.device)
-            mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
-        else:
-            lengths = positions[:, 0] + 1
+        at = Where.of(positions, n_keys or int(positions.max()) + 1)
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, rows, cache, layer, n_keys, mask, lengths)
+            x = block(x, at, rows, cache, layer)
         x = self.ln(x)
         return F.linear(x, self.token_embedding.weight)[..., : self.n_vocab]
 
