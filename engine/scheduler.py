@@ -231,7 +231,7 @@ class Scheduler:
         ids = torch.tensor(list(self.tok.language_ids.values()), device=self.m.device)
         n = rows.stop - rows.start
         tokens = torch.full((n, 1), self.tok.sot, device=self.m.device)
-        logits = self.m.model.decoder(tokens, torch.zeros_like(tokens), rows, self.cache)
+        logits = self.m.model.decoder(tokens, torch.zeros_like(tokens), rows, self.cache, 1)
         probs = logits[:, 0, ids].float().softmax(dim=-1)
         best = probs.argmax(dim=-1)
         return [codes[i] for i in best.tolist()], probs.gather(1, best[:, None])[:, 0].tolist()
@@ -275,8 +275,9 @@ class Scheduler:
             [s.task.temperature for s in sequences], pin_memory=device.type == "cuda"
         ).to(device, non_blocking=True)
         positions = torch.arange(width, device=device).expand(len(prompts), -1)
-        # the last prompt token is fed again by the first step, which samples after it
-        logits = self.m.model.decoder(tokens, positions, rows, self.cache)
+        # the last prompt token is fed again by the first step, which samples after it;
+        # n_keys given, not read off the positions (that would wait for the GPU)
+        logits = self.m.model.decoder(tokens, positions, rows, self.cache, width)
         batch = torch.arange(len(prompts), device=device)
         self.no_speech[rows] = logits[batch, sot].float().softmax(-1)[:, self.tok.no_speech]
         self.token[rows] = tokens[batch, lengths - 1]
