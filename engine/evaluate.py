@@ -25,6 +25,27 @@ from engine.transcribe import Transcriber
 from engine.wer import word_error_rate
 
 GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
+
+
+@dataclass
+class Clip:
+    """One manifest line."""
+
+    file: str  # as the manifest names it, relative to the manifest
+    path: Path
+    reference: str
+    language: str
+    seconds: float
+
+
+def read_manifest(path: Path) -> list[Clip]:
+    entries = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [
+        Clip(e["file"], path.parent / e["file"], e["reference"], e["language"], e["duration_s"])
+        for e in entries
+    ]
+
+
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
@@ -195,17 +216,17 @@ def timestamps_ok(segments, duration: float) -> bool:
 def evaluate(
     manifest: Path, transcriber: Transcriber, reference: bool = True, progress=None
 ) -> Report:
-    entries = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    entries = read_manifest(manifest)
     multilingual = transcriber.loaded.tokenizer.is_multilingual
     if not multilingual:
-        entries = [e for e in entries if e["language"] == "en"]
+        entries = [e for e in entries if e.language == "en"]
     ref = TransformersReference(transcriber) if reference else None
     loaded = transcriber.loaded
     report = Report(loaded.name, f"{loaded.device} {str(loaded.dtype).removeprefix('torch.')}")
     for entry in progress(entries) if progress else entries:
-        data = (manifest.parent / entry["file"]).read_bytes()
+        data = entry.path.read_bytes()
         audio = Audio(data).decode()
-        clip = ClipResult(entry["file"], len(audio) / 16000, entry["language"], entry["reference"])
+        clip = ClipResult(entry.file, len(audio) / 16000, entry.language, entry.reference)
         start = time.perf_counter()
         result = transcriber.transcribe(data)
         clip.engine_seconds = time.perf_counter() - start

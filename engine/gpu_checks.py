@@ -15,7 +15,6 @@ clips with reference transcripts (`../shared/audio/dev/manifest.jsonl`):
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,24 +23,15 @@ import numpy as np
 import torch
 
 from engine.audio import Audio
+from engine.evaluate import GREEDY, Clip, read_manifest
 from engine.inputs import audio_source
 from engine.loader import load_model
-from engine.longform import TranscriptionOptions
 from engine.mel import N_SAMPLES, log_mel_spectrogram
 from engine.transcribe import Transcriber
 from engine.wer import word_error_rate
 
 WER_TOLERANCE = 0.3  # percentage points
 MEL_TOLERANCE = 1e-3
-GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
-
-
-@dataclass
-class Clip:
-    path: Path
-    reference: str
-    language: str
-    seconds: float
 
 
 @dataclass
@@ -57,14 +47,6 @@ class Report:
     @property
     def passed(self) -> bool:
         return all(ok is not False for _, _, ok in self.lines)
-
-
-def read_manifest(path: Path) -> list[Clip]:
-    entries = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [
-        Clip(path.parent / e["file"], e["reference"], e["language"], e["duration_s"])
-        for e in entries
-    ]
 
 
 def _transcripts(t: Transcriber, clips: list[Clip]) -> list[str]:

@@ -3,7 +3,8 @@ here (the GPU is where they mean something), over a few short clips."""
 
 import torch
 
-from engine.gpu_checks import check_model, read_manifest
+from engine.evaluate import read_manifest
+from engine.gpu_checks import check_model
 from tests.conftest import DATA
 
 

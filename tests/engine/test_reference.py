@@ -8,12 +8,12 @@ import torch
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
 from engine.audio import decode_audio
+from engine.evaluate import GREEDY
 from engine.loader import PACKAGED, _package_file
 from engine.longform import TranscriptionOptions
 from engine.wer import word_error_rate
 
 ENGLISH = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
-GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
 
 
 def features(clip, n_mels=80) -> np.ndarray:
