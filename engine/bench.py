@@ -5,7 +5,8 @@ suppressed until then), fp16, random weights of Whisper's shapes (`random:<size>
 not depend on the values). transformers runs `generate` with SDPA, with its default dynamic
 cache and with `cache_implementation="static"`. The engine runs its scheduler over a pool of
 `batch` slots fed `3 * batch` windows (continuous batching, CUDA graphs), its cross-attention
-cache in the model's dtype ("engine") or in fp8 ("engine fp8"). Reported: windows/s,
+cache in the model's dtype ("engine") or in fp8 ("engine fp8"), or the whole model in bf16
+("engine bf16"). Reported: windows/s,
 audio seconds per second (RTFx), latency of one window at batch 1, peak GPU memory, and the
 engine's windows/s over transformers' static cache at the same batch. The second part, real
 weights on real speech, is `engine.gpu_checks`.
@@ -30,7 +31,7 @@ WINDOW_SECONDS = 30.0
 @dataclass
 class Row:
     model: str
-    system: str  # "engine", "engine fp8", "transformers dynamic", "transformers static"
+    system: str  # "engine", "engine fp8", "engine bf16", "transformers dynamic", "... static"
     batch: int
     windows_per_s: float
     latency_ms: float | None  # one window at batch 1
@@ -137,7 +138,11 @@ def bench_engine(
     n = 3 * batch if batch > 1 else 1
     seconds, peak = _timed(engine_run(loaded, batch, n, lengths, cross_dtype=cross_dtype))
     latency = seconds * 1000 if batch == 1 else None
-    system = "engine fp8" if cross_dtype == torch.float8_e4m3fn else "engine"
+    system = "engine"
+    if cross_dtype == torch.float8_e4m3fn:
+        system += " fp8"
+    if loaded.dtype == torch.bfloat16:
+        system += " bf16"
     return Row(loaded.name, system, batch, n / seconds, latency, peak, label)
 
 

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLORS = {
     "engine": "tab:blue",
     "engine fp8": "tab:green",
+    "engine bf16": "tab:purple",
     "transformers static": "tab:orange",
     "transformers dynamic": "tab:red",
 }

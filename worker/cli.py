@@ -197,9 +197,10 @@ def _bench(args: argparse.Namespace) -> int:
         batches = [int(b) for b in args.batches.split(",")]
         for system in args.systems.split(","):
             for b in batches:
-                if system in ("engine", "fp8"):
+                if system in ("engine", "fp8", "bf16"):
                     cross = torch.float8_e4m3fn if system == "fp8" else None
-                    loaded = load_model(f"random:{size}", device="cuda", dtype=torch.float16)
+                    dtype = torch.bfloat16 if system == "bf16" else torch.float16
+                    loaded = load_model(f"random:{size}", device="cuda", dtype=dtype)
                     rows.append(bench.bench_engine(loaded, b, args.tokens, cross))
                     if args.mixed and b > 1:
                         rows.append(bench.bench_engine(loaded, b, (10, 200), cross))
@@ -268,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--systems",
         default="dynamic,static,engine",
-        help="transformers caches (dynamic, static), engine, fp8 (engine, fp8 cross K/V)",
+        help="transformers caches (dynamic, static), engine, fp8 (engine, fp8 cross K/V), "
+        "bf16 (engine in bf16)",
     )
     p.add_argument("--tokens", type=int, default=100, help="new tokens per window")
     p.add_argument("--mixed", action="store_true", help="also 10-200 tokens, uniformly")
