@@ -24,9 +24,9 @@ import torch
 
 from engine.audio import Audio
 from engine.evaluate import GREEDY, Clip, read_manifest
-from engine.inputs import audio_source
+from engine.inputs import audio_sources
 from engine.loader import load_model
-from engine.mel import N_SAMPLES, log_mel_spectrogram
+from engine.mel import N_SAMPLES
 from engine.transcribe import Transcriber
 from engine.wer import word_error_rate
 
@@ -121,13 +121,13 @@ def check_mel(clips: list[Clip], device: torch.device) -> Report:
 
     report = Report("log-mel")
     worst = 0.0
+    audios = [Audio(c.path.read_bytes()).decode() for c in clips]
     for n_mels in (80, 128):
         extractor = WhisperFeatureExtractor(feature_size=n_mels)
-        for c in clips:
-            audio = Audio(c.path.read_bytes()).decode()
-            if len(audio) <= N_SAMPLES:
+        for audio, source in zip(audios, audio_sources(audios, n_mels, device), strict=True):
+            if len(audio) <= N_SAMPLES:  # these clips' log-mel was computed as one batch
                 expected = extractor(audio, sampling_rate=16000, return_tensors="np")
-                ours = log_mel_spectrogram(torch.from_numpy(audio).to(device), n_mels)
+                ours = source.window(0)
             else:
                 expected = extractor(
                     audio,
@@ -136,7 +136,6 @@ def check_mel(clips: list[Clip], device: torch.device) -> Report:
                     padding="longest",
                     return_tensors="np",
                 )
-                source = audio_source(audio, n_mels, device)
                 windows = [source.window(s) for s in range(0, source.n_frames, 3000)]
                 ours = torch.cat(windows, 1)[:, : source.n_frames]
             diff = np.abs(ours.cpu().numpy() - expected.input_features[0]).max()

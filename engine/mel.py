@@ -54,20 +54,30 @@ def mel_filters(n_mels: int) -> np.ndarray:
     return filters * (2.0 / (hz_edges[2:] - hz_edges[:-2]))[None, :]
 
 
+@lru_cache(maxsize=16)
+def _constants(n_mels: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The STFT window and mel filters on `device`, made once: each copy to a GPU costs a
+    host-device round trip per clip."""
+    filters = torch.from_numpy(mel_filters(n_mels)).to(device, torch.float32)
+    return torch.hann_window(N_FFT, device=device), filters
+
+
 def log_mel_spectrogram(audio: torch.Tensor, n_mels: int) -> torch.Tensor:
     """Log-mel features of mono 16 kHz audio, scaled as Whisper expects.
 
-    audio: shape = (n_samples,), float32, at most 30 s; zero-padded to 30 s first, as the
-        extractor does by default.
-    returns: shape = (n_mels, N_FRAMES), float32, on the audio's device.
+    audio: shape = (n_samples,) or (batch, n_samples), float32, at most 30 s; zero-padded to
+        30 s first, as the extractor does by default. A batch is one pass on the device (a
+        clip's STFT is a few kernel launches of little work, so clips are cheaper together);
+        each row is scaled by its own maximum.
+    returns: shape = (n_mels, N_FRAMES) or (batch, n_mels, N_FRAMES), float32, on the audio's
+        device.
     """
     audio = torch.nn.functional.pad(audio, (0, max(0, N_SAMPLES - audio.shape[-1])))
-    window = torch.hann_window(N_FFT, device=audio.device)
+    window, filters = _constants(n_mels, audio.device)
     stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)
     power = stft[..., :-1].abs() ** 2
-    filters = torch.from_numpy(mel_filters(n_mels)).to(audio.device, torch.float32)
     log_spec = torch.clamp(filters.T @ power, min=1e-10).log10()
-    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    log_spec = torch.maximum(log_spec, log_spec.amax(dim=(-2, -1), keepdim=True) - 8.0)
     return (log_spec + 4.0) / 4.0
 
 
@@ -76,9 +86,8 @@ def _log10_mel(segment: torch.Tensor, n_mels: int) -> torch.Tensor:
 
     segment: shape = (n,), n >= N_FFT; returns shape = (n_mels, 1 + (n - N_FFT) // HOP_LENGTH)
     """
-    window = torch.hann_window(N_FFT, device=segment.device)
+    window, filters = _constants(n_mels, segment.device)
     stft = torch.stft(segment, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
-    filters = torch.from_numpy(mel_filters(n_mels)).to(segment.device, torch.float32)
     return torch.clamp(filters.T @ (stft.abs() ** 2), min=1e-10).log10()
 
 

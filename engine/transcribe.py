@@ -22,7 +22,7 @@ from engine.inputs import (
     MAX_SPECTROGRAM_FRAMES,
     MelSource,
     SpectrogramError,
-    audio_source,
+    audio_sources,
     spectrogram_source,
 )
 from engine.loader import LoadedModel, load_model
@@ -84,19 +84,27 @@ class Transcriber:
         if self.loaded.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def source(self, item: Input) -> MelSource:
-        """Validate and open one input; raises AudioError or SpectrogramError."""
+    def sources(self, items: Sequence[Input]) -> list[MelSource]:
+        """Validate and open inputs; raises AudioError or SpectrogramError. Clips of up to
+        30 s get their log-mel together."""
         m = self.loaded
-        if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
-            try:
-                item = np.load(io.BytesIO(item), allow_pickle=False)
-            except ValueError as e:
-                raise SpectrogramError(f"not a readable .npy array ({e})") from e
-        if isinstance(item, np.ndarray) and item.ndim >= 2:
-            return spectrogram_source(item, m.dims.n_mels, m.device, self.max_spectrogram_frames)
-        if isinstance(item, bytes):
-            item = Audio(item)
-        return audio_source(item, m.dims.n_mels, m.device)
+        sources: list[MelSource | None] = [None] * len(items)
+        audio: list[tuple[int, Audio | np.ndarray]] = []
+        for i, item in enumerate(items):
+            if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
+                try:
+                    item = np.load(io.BytesIO(item), allow_pickle=False)
+                except ValueError as e:
+                    raise SpectrogramError(f"not a readable .npy array ({e})") from e
+            if isinstance(item, np.ndarray) and item.ndim >= 2:
+                n_mels, frames = m.dims.n_mels, self.max_spectrogram_frames
+                sources[i] = spectrogram_source(item, n_mels, m.device, frames)
+            else:
+                audio.append((i, Audio(item) if isinstance(item, bytes) else item))
+        opened = audio_sources([a for _, a in audio], m.dims.n_mels, m.device)
+        for (i, _), source in zip(audio, opened, strict=True):
+            sources[i] = source
+        return sources  # type: ignore[return-value]  # every entry is set above
 
     def scheduler(self, options: TranscriptionOptions) -> Scheduler:
         """The scheduler for these options' decoding rules (kept: its CUDA graphs are too)."""
@@ -158,7 +166,7 @@ class Transcriber:
         m = self.loaded
         options = (options or TranscriptionOptions()).verified(m.tokenizer)
         kind = SequentialRequest if options.mode == "sequential" else ChunkedRequest
-        requests = [kind(self.source(item), options, m.tokenizer) for item in items]
+        requests = [kind(source, options, m.tokenizer) for source in self.sources(items)]
         sched = self.scheduler(options)
         sched.generator.manual_seed(options.seed)
         try:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from engine.inputs import audio_source
+from engine.inputs import audio_sources
 from engine.kernels.attention import torch_decode_attention, triton_decode_attention
 from engine.loader import load_model
 from engine.mel import N_FRAMES
@@ -133,24 +133,24 @@ def encoder(size: str, batch: int) -> None:
     print("\n".join(line[:60] + line[-75:] for line in table.splitlines()))
 
 
-def log_mel(seconds: float, n: int = 50) -> None:
-    """Wall time of turning decoded samples into a window's log-mel, as a worker does for each
-    clip of up to 30 s (copy to the GPU, STFT, mel filters, the clip's silence floor)."""
-    samples = (0.1 * torch.randn(int(seconds * 16000))).numpy()
-    audio_source(samples, 128, torch.device("cuda"))
+def log_mel(seconds: float, clips: int, n: int = 20) -> None:
+    """Wall time of turning decoded samples into windows' log-mel, as the engine does for
+    clips of up to 30 s opened together (copy to the GPU, STFT, mel filters, silence floors)."""
+    samples = [(0.1 * torch.randn(int(seconds * 16000))).numpy() for _ in range(clips)]
+    audio_sources(samples, 128, torch.device("cuda"))
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(n):
-        audio_source(samples, 128, torch.device("cuda"))
+        audio_sources(samples, 128, torch.device("cuda"))
     torch.cuda.synchronize()
-    ms = (time.perf_counter() - start) * 1000 / n
-    print(f"log-mel of a {seconds:.0f} s clip on the GPU: {ms:.3f} ms (host and device)")
+    ms = (time.perf_counter() - start) * 1000 / n / clips
+    print(f"log-mel of {clips} clips of {seconds:.0f} s on the GPU: {ms:.3f} ms a clip")
 
 
 def main() -> None:
     if "--mel" in sys.argv:
-        for seconds in (5, 30):
-            log_mel(seconds)
+        for seconds, clips in itertools.product((5, 30), (1, 16, 64)):
+            log_mel(seconds, clips)
         return
     if "--encoder" in sys.argv:
         encoder("tiny", 32)

@@ -170,7 +170,7 @@ TWO_HOURS = """
 import io, resource, sys
 import numpy as np, soundfile as sf, torch
 from engine.audio import Audio
-from engine.inputs import audio_source
+from engine.inputs import audio_sources
 
 rate, minutes = 8000, 120
 buf = io.BytesIO()
@@ -179,7 +179,7 @@ with sf.SoundFile(buf, "w", rate, 1, format="FLAC", subtype="PCM_16") as f:
     for _ in range(minutes):
         f.write(minute)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-source = audio_source(Audio(buf.getvalue()), 80, torch.device("cpu"))
+[source] = audio_sources([Audio(buf.getvalue())], 80, torch.device("cpu"))
 frames = sum(source.window(seek).shape[1] for seek in range(0, source.n_frames, 3000))
 grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
 print(source.n_frames, frames, grown // 1024)

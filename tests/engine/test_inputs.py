@@ -9,7 +9,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from engine.audio import decode_audio
-from engine.inputs import SpectrogramError, audio_source, spectrogram_source
+from engine.inputs import SpectrogramError, audio_sources, spectrogram_source
 from engine.longform import TranscriptionOptions
 
 CPU = torch.device("cpu")
@@ -59,7 +59,7 @@ def test_a_long_spectrogram_gives_the_tokens_of_its_audio(tiny_en, clips):
 def test_long_audio_frames_equal_the_extractor_and_pad_with_the_floor(clips):
     audio = np.concatenate([decode_audio(clips["en_jfk"].bytes)] * 3)  # 33 s
     expected = extractor_features(audio, long=True)[0]
-    source = audio_source(audio, 80, CPU)
+    [source] = audio_sources([audio], 80, CPU)
     assert source.n_frames == expected.shape[1]
     first, last = source.window(0).numpy(), source.window(3000).numpy()
     np.testing.assert_allclose(first, expected[:, :3000], atol=1e-5)
@@ -68,6 +68,25 @@ def test_long_audio_frames_equal_the_extractor_and_pad_with_the_floor(clips):
     assert np.allclose(last[:, expected.shape[1] - 3000 :], floor)
     spectrogram = spectrogram_source(expected, 80, CPU)
     np.testing.assert_allclose(spectrogram.window(3000).numpy(), last, atol=1e-5)
+
+
+def test_clips_opened_together_equal_each_opened_alone(clips):
+    """Short clips share one log-mel pass, each scaled by its own maximum; long ones stream."""
+    jfk, libri = decode_audio(clips["en_jfk"].bytes), decode_audio(clips["fr_fleurs_000"].bytes)
+    items = [jfk, np.concatenate([jfk] * 3), 0.01 * libri, libri[:16000]]
+    together = audio_sources(items, 80, CPU)
+    for item, source in zip(items, together, strict=True):
+        [alone] = audio_sources([item], 80, CPU)
+        assert (source.n_frames, source.duration) == (alone.n_frames, alone.duration)
+        assert source.floor == pytest.approx(alone.floor, abs=1e-6)
+        for seek in range(0, source.n_frames, 3000):
+            np.testing.assert_allclose(source.window(seek), alone.window(seek), atol=1e-5)
+    short = [i for i, item in enumerate(items) if len(item) <= 480000]
+    np.testing.assert_allclose(  # against the extractor, not only against ourselves
+        np.stack([together[i].window(0) for i in short]),
+        np.concatenate([extractor_features(items[i]) for i in short]),
+        atol=1e-3,
+    )
 
 
 def valid() -> np.ndarray:
@@ -102,7 +121,7 @@ def test_non_finite_values_are_refused():
 
 def test_unreadable_npy_is_refused(tiny_en):
     with pytest.raises(SpectrogramError, match="not a readable .npy"):
-        tiny_en.source(b"\x93NUMPY\x01\x00garbage")
+        tiny_en.sources([b"\x93NUMPY\x01\x00garbage"])
 
 
 def test_audio_and_spectrograms_share_one_batch(tiny_en, clips):
