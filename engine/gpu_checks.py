@@ -5,6 +5,8 @@ clips with reference transcripts (`../shared/audio/dev/manifest.jsonl`):
 
 - fp32 on the CPU is the reference WER; fp16 on the GPU (CUDA graphs, Triton kernels, what a
   worker runs) must stay within 0.3 of it;
+- fp32 on the GPU (its own code paths: full-width keys, Triton kernels, CUDA graphs): tokens
+  compared with fp32 on the CPU and reported;
 - the CUDA graphs must change no token: the same steps run eagerly give the same greedy tokens;
 - the Triton kernels against the torch code they replace (`WHISPERFLEET_TRITON=0`): tokens
   compared and reported (split-K attention sums in another order, so an fp16 near-tie may go
@@ -75,7 +77,20 @@ def check_model(model: str, clips: list[Clip], device: torch.device) -> Report:
     cpu = Transcriber(load_model(model, device="cpu", dtype=torch.float32))
     reference_wer = wer(_transcripts(cpu, english))
     report.add(f"WER fp32 CPU ({len(english)} English clips)", f"{reference_wer:.2f} %")
+    cpu_tokens = _greedy_tokens(cpu, short)
     del cpu
+
+    # the GPU's own code paths (full-width keys, Triton kernels, CUDA graphs) in fp32, TF32
+    # off: equal tokens say a change of fp16 tokens between commits is rounding, not a bug
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        fp32 = Transcriber(load_model(model, device=device, dtype=torch.float32))
+        same = _same(_greedy_tokens(fp32, short), cpu_tokens)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    report.add("greedy tokens, fp32 GPU == fp32 CPU", f"{same}/{len(short)}")
+    del fp32
 
     loaded = load_model(model, device=device, dtype=torch.float16)
     served = Transcriber(loaded)

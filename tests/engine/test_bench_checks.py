@@ -13,6 +13,7 @@ def test_real_weight_checks_pass_and_report_every_line():
     report = check_model("tiny.en", clips, torch.device("cpu"))
     assert [what.split(" (")[0] for what, _, _ in report.lines] == [
         "WER fp32 CPU",
+        "greedy tokens, fp32 GPU == fp32 CPU",
         "WER fp16 GPU, graphs + Triton",
         "greedy tokens, graphs == eager",
         "greedy tokens, Triton == torch",
@@ -20,3 +21,9 @@ def test_real_weight_checks_pass_and_report_every_line():
         "WER bf16 GPU",
     ]
     assert report.passed, report.lines
+    assert (
+        dict((what, value) for what, value, _ in report.lines)[
+            "greedy tokens, fp32 GPU == fp32 CPU"
+        ]
+        == "2/2"
+    )  # on the CPU both sides are one code path
