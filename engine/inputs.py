@@ -64,6 +64,10 @@ class MelSource:
         return out
 
 
+# an input validated and decoded: a source of windows, or the samples of up to 30 s of audio
+Prepared = MelSource | np.ndarray
+
+
 class _HeldMel(MelSource):
     """All frames already in memory: short audio, or a spectrogram the caller sent."""
 
@@ -115,32 +119,46 @@ class _StreamedMel(MelSource):
         return _padded(self._held if self._start == seek else self._held[:, :0], self.floor)
 
 
+def open_audio(audio: Audio | np.ndarray, n_mels: int, device: torch.device) -> Prepared:
+    """Decoded audio (or 16 kHz samples): the samples of up to 30 s, for `held_sources`, or a
+    streamed source of longer audio (as the extractor with `truncation=False`). Which one is
+    found by decoding at most 30 s (files do not always say how long they are)."""
+    if isinstance(audio, np.ndarray):
+        if len(audio) <= N_SAMPLES:
+            return audio
+        return _StreamedMel(_SamplesAsAudio(audio), n_mels, device)
+    blocks, n = [], 0
+    for block in audio.blocks():
+        blocks.append(block)
+        n += len(block)
+        if n > N_SAMPLES:
+            return _StreamedMel(audio, n_mels, device)
+    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+
+
+def held_sources(clips: Sequence[np.ndarray], n_mels: int, device: torch.device) -> list[MelSource]:
+    """Clips of up to 30 s, each zero-padded to 30 s as `WhisperFeatureExtractor` does by
+    default, with their log-mel computed together: one copy to the device, one pass, one wait
+    for their floors."""
+    if not clips:
+        return []
+    mels = log_mel_spectrogram(_to_device(list(clips), device), n_mels)
+    floors = _floor(mels).tolist()
+    return [
+        _HeldMel(mel, len(x) // HOP_LENGTH, floor, len(x) / SAMPLE_RATE)
+        for x, mel, floor in zip(clips, mels, floors, strict=True)
+    ]
+
+
 def audio_sources(
     items: Sequence[Audio | np.ndarray], n_mels: int, device: torch.device
 ) -> list[MelSource]:
-    """Decoded audio (or 16 kHz samples) as windows.
-
-    Up to 30 s: the whole clip zero-padded to 30 s, as `WhisperFeatureExtractor` does by
-    default; such clips get their log-mel together, in one copy to the device and one pass.
-    Longer: as the extractor with `truncation=False`, streamed. Which one is found by decoding
-    at most 30 s (files do not always say how long they are).
-    """
-    sources: list[MelSource | None] = [None] * len(items)
-    short: list[tuple[int, np.ndarray]] = []
-    for i, audio in enumerate(items):
-        samples = _up_to_a_window(audio)
-        if samples is None:
-            long = audio if isinstance(audio, Audio) else _SamplesAsAudio(audio)
-            sources[i] = _StreamedMel(long, n_mels, device)
-        else:
-            short.append((i, samples))
-    if short:
-        mels = log_mel_spectrogram(_to_device([x for _, x in short], device), n_mels)
-        floors = _floor(mels).tolist()  # one wait for the device, not one per clip
-        for (i, samples), mel, floor in zip(short, mels, floors, strict=True):
-            duration = len(samples) / SAMPLE_RATE
-            sources[i] = _HeldMel(mel, len(samples) // HOP_LENGTH, floor, duration)
-    return sources  # type: ignore[return-value]  # every entry is set above
+    """Decoded audio (or 16 kHz samples) as windows: `open_audio`, then `held_sources` for all
+    the clips of up to 30 s together."""
+    opened = [open_audio(a, n_mels, device) for a in items]
+    clips = [x for x in opened if isinstance(x, np.ndarray)]
+    held = iter(held_sources(clips, n_mels, device))
+    return [next(held) if isinstance(x, np.ndarray) else x for x in opened]
 
 
 def _to_device(clips: list[np.ndarray], device: torch.device) -> torch.Tensor:
@@ -151,19 +169,6 @@ def _to_device(clips: list[np.ndarray], device: torch.device) -> torch.Tensor:
     np.concatenate(clips, out=flat.numpy())
     rows = flat.to(device, non_blocking=True).split([len(x) for x in clips])
     return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True)
-
-
-def _up_to_a_window(audio: Audio | np.ndarray) -> np.ndarray | None:
-    """The samples of audio of at most 30 s; None for longer audio."""
-    if isinstance(audio, np.ndarray):
-        return audio if len(audio) <= N_SAMPLES else None
-    blocks, n = [], 0
-    for block in audio.blocks():
-        blocks.append(block)
-        n += len(block)
-        if n > N_SAMPLES:
-            return None
-    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
 
 class _SamplesAsAudio:

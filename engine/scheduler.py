@@ -88,7 +88,7 @@ class Scheduler:
         # to compare graph and eager on the same shapes.
         self.pad_to_buckets = self.graphs if full_keys is None else full_keys
         self.tok = loaded.tokenizer
-        max_prompt = max_prompt or d.n_text_ctx // 2 + 4
+        self.max_prompt = max_prompt = max_prompt or d.n_text_ctx // 2 + 4
         text_ctx = min(d.n_text_ctx, -(-(max_prompt + sample_len) // KEY_STEP) * KEY_STEP)
         self.text_ctx = text_ctx
         if cross_dtype == torch.float8_e4m3fn and device.type == "cuda":

@@ -1,16 +1,19 @@
 """Transcribe audio or spectrograms of any length with a loaded Whisper model.
 
-Every input becomes a request (`engine.longform`) that hands out 30 s windows. The driver here
-feeds the windows of all requests to one continuous-batching scheduler (`engine.scheduler`):
-whenever slots are free, ready windows join the running batch; whenever a window finishes, its
-request takes the result and may hand out its next window at once. Temperature fallback
-re-decodes only the window that needs it, in its slot, from the K/V already projected.
+Every input becomes a request (`engine.longform`) that hands out 30 s windows. A `Stream`
+feeds the windows of all its requests to one continuous-batching scheduler
+(`engine.scheduler`): whenever slots are free, ready windows join the running batch; whenever
+a window finishes, its request takes the result and may hand out its next window at once.
+`transcribe_batch` runs a stream over a fixed list of inputs; a server keeps one open and adds
+inputs as they arrive (`worker.batching`).
 """
 
 from __future__ import annotations
 
+import functools
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +23,16 @@ from engine.audio import Audio
 from engine.decoding import build_filters, suppressed_tokens
 from engine.inputs import (
     MAX_SPECTROGRAM_FRAMES,
-    MelSource,
+    Prepared,
     SpectrogramError,
-    audio_sources,
+    held_sources,
+    open_audio,
     spectrogram_source,
 )
 from engine.loader import LoadedModel, load_model
 from engine.longform import (
     ChunkedRequest,
+    OptionsError,
     Request,
     SequentialRequest,
     TranscriptionOptions,
@@ -84,45 +89,44 @@ class Transcriber:
         if self.loaded.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def sources(self, items: Sequence[Input]) -> list[MelSource]:
-        """Validate and open inputs; raises AudioError or SpectrogramError. Clips of up to
-        30 s get their log-mel together."""
+    def prepare(self, item: Input) -> Prepared:
+        """Validate and decode one input, on the calling thread (CPU work: run many at once);
+        raises AudioError or SpectrogramError. Clips of up to 30 s come back as samples, to get
+        their log-mel together when they join a stream."""
         m = self.loaded
-        sources: list[MelSource | None] = [None] * len(items)
-        audio: list[tuple[int, Audio | np.ndarray]] = []
-        for i, item in enumerate(items):
-            if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
-                try:
-                    item = np.load(io.BytesIO(item), allow_pickle=False)
-                except ValueError as e:
-                    raise SpectrogramError(f"not a readable .npy array ({e})") from e
-            if isinstance(item, np.ndarray) and item.ndim >= 2:
-                n_mels, frames = m.dims.n_mels, self.max_spectrogram_frames
-                sources[i] = spectrogram_source(item, n_mels, m.device, frames)
-            else:
-                audio.append((i, Audio(item) if isinstance(item, bytes) else item))
-        opened = audio_sources([a for _, a in audio], m.dims.n_mels, m.device)
-        for (i, _), source in zip(audio, opened, strict=True):
-            sources[i] = source
-        return sources  # type: ignore[return-value]  # every entry is set above
+        if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
+            try:
+                item = np.load(io.BytesIO(item), allow_pickle=False)
+            except ValueError as e:
+                raise SpectrogramError(f"not a readable .npy array ({e})") from e
+        if isinstance(item, np.ndarray) and item.ndim >= 2:
+            n_mels, frames = m.dims.n_mels, self.max_spectrogram_frames
+            return spectrogram_source(item, n_mels, m.device, frames)
+        return open_audio(Audio(item) if isinstance(item, bytes) else item, m.dims.n_mels, m.device)
 
-    def scheduler(self, options: TranscriptionOptions) -> Scheduler:
-        """The scheduler for these options' decoding rules (kept: its CUDA graphs are too)."""
+    def _key(self, options: TranscriptionOptions) -> tuple[tuple, int]:
+        """(the decoding rules a scheduler is built for, the prompt length it needs)"""
         m = self.loaded
         # a prompt of previous text (up to half the context) needs a longer self-attention
         # cache than the start-of-transcript tokens alone
         context = options.initial_prompt or (
             options.mode == "sequential" and options.condition_on_previous_text
         )
-        max_prompt = m.dims.n_text_ctx // 2 + 4 if context else 4
-        key = (
+        rules = (
             options.suppress_blank,
             options.suppress_tokens,
             options.max_initial_timestamp,
             options.sample_len,
-            max_prompt,
         )
-        if key not in self._schedulers:
+        return rules, m.dims.n_text_ctx // 2 + 4 if context else 4
+
+    def scheduler(self, options: TranscriptionOptions, any_prompt: bool = False) -> Scheduler:
+        """The scheduler for these options' decoding rules (kept: its CUDA graphs are too);
+        any_prompt: room for a prompt of previous text whatever the options say."""
+        m = self.loaded
+        rules, max_prompt = self._key(options)
+        max_prompt = m.dims.n_text_ctx // 2 + 4 if any_prompt else max_prompt
+        if (rules, max_prompt) not in self._schedulers:
             self._schedulers.clear()  # one pool of slots at a time
             suppress = suppressed_tokens(m.tokenizer, m.suppress_tokens, options.suppress_tokens)
             filters = build_filters(
@@ -134,7 +138,7 @@ class Transcriber:
                 m.dims.n_audio_ctx,
                 m.device,
             )
-            self._schedulers[key] = Scheduler(
+            self._schedulers[rules, max_prompt] = Scheduler(
                 m,
                 filters,
                 self.n_slots,
@@ -146,7 +150,15 @@ class Transcriber:
                 max_prompt=max_prompt,
                 cross_dtype=self.cross_dtype,
             )
-        return self._schedulers[key]
+        return self._schedulers[rules, max_prompt]
+
+    def stream(self, rules: TranscriptionOptions | None = None) -> Stream:
+        """A stream of inputs that join and leave one running batch, each with its own options
+        (these decoding rules, any task, language, mode or prompt): what a server runs."""
+        rules = (rules or TranscriptionOptions()).verified(self.loaded.tokenizer)
+        sched = self.scheduler(rules, any_prompt=True)
+        sched.generator.manual_seed(rules.seed)
+        return Stream(self, sched, self._key(rules)[0])
 
     def transcribe(
         self,
@@ -165,74 +177,134 @@ class Transcriber:
     ) -> list[Transcription]:
         m = self.loaded
         options = (options or TranscriptionOptions()).verified(m.tokenizer)
-        kind = SequentialRequest if options.mode == "sequential" else ChunkedRequest
-        requests = [kind(source, options, m.tokenizer) for source in self.sources(items)]
+        prepared = [self.prepare(item) for item in items]
         sched = self.scheduler(options)
         sched.generator.manual_seed(options.seed)
+        stream = Stream(self, sched, self._key(options)[0])
+        stream.add(
+            [
+                Submission(i, p, options, progress=progress and functools.partial(progress, i))
+                for i, p in enumerate(prepared)
+            ]
+        )
+        results: dict[int, Transcription] = {}
         try:
-            self._decode(sched, requests, options, progress)
+            while stream.busy:
+                results.update(stream.step())
         except BaseException:
             sched.reset()  # the next transcription starts with a free pool
             raise
-        return [self._result(r, options) for r in requests]
+        return [results[i] for i in range(len(items))]
 
-    def _decode(
-        self,
-        sched: Scheduler,
-        requests: list[Request],
-        options: TranscriptionOptions,
-        progress: Progress | None,
-    ) -> None:
-        waiting: list[tuple[Request, Window]] = []
-        while True:
-            sched.launch()  # the GPU decodes while the host admits ready windows
-            self._admit(sched, requests, waiting, options)
-            if sched.n_live == 0:
-                if all(r.done for r in requests):
-                    break
-                raise RuntimeError("no window is ready, yet some inputs are not done")
-            for index, sequence, result in sched.collect():
-                r, window = sequence.owner
-                retry = sequence.attempt + 1
-                if options.needs_fallback(result) and retry < len(options.temperature):
-                    sched.restart(index, r.task(window, options.temperature[retry]), retry)
-                    continue
-                sched.release(index)
-                r.accept(window, result)
-                if progress:
-                    progress(requests.index(r), r.done_seconds, r.source.duration)
-            sched.compact()
 
-    def _admit(self, sched: Scheduler, requests: list[Request], waiting: list, options) -> None:
-        """Admit ready windows (kept in `waiting` until they fit) as one encoder batch."""
-        for r in requests:
-            for window in r.ready() if len(waiting) < sched.encoder_batch else ():
-                waiting.append((r, window))
+@dataclass(eq=False)
+class Submission:
+    """One input for a stream: `owner` comes back with its transcription."""
+
+    owner: Hashable
+    item: Prepared  # from Transcriber.prepare
+    options: TranscriptionOptions
+    urgent: bool = False  # admitted ahead of the others (interactive work before bulk)
+    progress: Callable[[float, float], None] | None = None  # (seconds done, seconds in all)
+    request: Request | None = None
+
+
+class Stream:
+    """Continuous batching across inputs: `add` them as they come, call `step` while `busy`;
+    each step launches decode steps, admits ready windows (urgent inputs first) while the GPU
+    runs them, and hands back the inputs whose last window it decoded. Temperature fallback
+    re-decodes only the window that needs it, in its slot, from the K/V already projected."""
+
+    def __init__(self, transcriber: Transcriber, sched: Scheduler, rules: tuple):
+        self.transcriber, self.sched, self.rules = transcriber, sched, rules
+        self.live: list[Submission] = []  # not done: urgent ones first, then by arrival
+        self._done: list[Submission] = []  # done without a window to decode (empty input)
+        self._waiting: list[tuple[Submission, Window]] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.live or self._done)
+
+    def add(self, submissions: Sequence[Submission]) -> None:
+        """Start these inputs; clips of up to 30 s get their log-mel in one pass."""
+        t = self.transcriber
+        for s in submissions:
+            rules, max_prompt = t._key(s.options)
+            if rules != self.rules or max_prompt > self.sched.max_prompt:
+                raise OptionsError("these options need other decoding rules than the stream's")
+        samples = [s for s in submissions if isinstance(s.item, np.ndarray)]
+        opened = held_sources([s.item for s in samples], t.loaded.dims.n_mels, t.loaded.device)
+        sources = dict(zip(map(id, samples), opened, strict=True))
+        for s in submissions:
+            kind = SequentialRequest if s.options.mode == "sequential" else ChunkedRequest
+            source = sources.get(id(s), s.item)
+            s.request = kind(source, s.options, t.loaded.tokenizer)
+            if s.request.done:
+                self._done.append(s)
+            elif s.urgent:
+                self.live.insert(sum(x.urgent for x in self.live), s)
+            else:
+                self.live.append(s)
+
+    def step(self) -> list[tuple[Hashable, Transcription]]:
+        sched = self.sched
+        finished, self._done = self._done, []
+        sched.launch()  # the GPU decodes while the host admits ready windows
+        self._admit()
+        if sched.n_live == 0 and self.live:
+            raise RuntimeError("no window is ready, yet some inputs are not done")
+        for index, sequence, result in sched.collect():
+            s, window = sequence.owner
+            r, options = s.request, s.options
+            retry = sequence.attempt + 1
+            if options.needs_fallback(result) and retry < len(options.temperature):
+                sched.restart(index, r.task(window, options.temperature[retry]), retry)
+                continue
+            sched.release(index)
+            r.accept(window, result)
+            if s.progress:
+                s.progress(r.done_seconds, r.source.duration)
+            if r.done:
+                self.live.remove(s)
+                finished.append(s)
+        sched.compact()
+        return [(s.owner, self._result(s)) for s in finished]
+
+    def _admit(self) -> None:
+        """Admit ready windows (kept in `_waiting` until they fit) as one encoder batch."""
+        sched, waiting = self.sched, self._waiting
+        for s in self.live:
+            for window in s.request.ready() if len(waiting) < sched.encoder_batch else ():
+                waiting.append((s, window))
                 if len(waiting) == sched.encoder_batch:
                     break
         room = sched.room(len(waiting))
         if not room:
             return
         batch, waiting[:] = waiting[:room], waiting[room:]
-        rows = sched.encode(torch.stack([w.mel for _, w in batch]).to(self.loaded.dtype))
-        if any(r.language is None for r, _ in batch):
+        mels = torch.stack([w.mel for _, w in batch]).to(self.transcriber.loaded.dtype)
+        rows = sched.encode(mels)
+        if any(s.request.language is None for s, _ in batch):
             codes, probs = sched.detect_language(rows)
-            for (r, _), code, prob in zip(batch, codes, probs, strict=True):
-                if r.language is None:  # a request's first window decides
-                    r.language, r.language_probability = code, prob
-        first = options.temperature[0]
-        sched.start(rows, [SchedSequence((r, w), r.task(w, first)) for r, w in batch])
+            for (s, _), code, prob in zip(batch, codes, probs, strict=True):
+                if s.request.language is None:  # a request's first window decides
+                    s.request.language, s.request.language_probability = code, prob
+        sequences = [
+            SchedSequence((s, w), s.request.task(w, s.options.temperature[0])) for s, w in batch
+        ]
+        sched.start(rows, sequences)
 
-    def _result(self, r: Request, options: TranscriptionOptions) -> Transcription:
-        tokens = [t for s in r.segments for t in s.tokens]
+    def _result(self, s: Submission) -> Transcription:
+        r, loaded = s.request, self.transcriber.loaded
+        tokens = [t for seg in r.segments for t in seg.tokens]
         return Transcription(
-            text=self.loaded.tokenizer.decode(tokens).strip(),
+            text=loaded.tokenizer.decode(tokens).strip(),
             language=r.language or "en",
             language_probability=r.language_probability,
             duration=round(r.source.duration, 3),
             segments=r.segments,
-            model=self.loaded.name,
-            options=dict(options.__dict__),
+            model=loaded.name,
+            options=dict(s.options.__dict__),
         )
 
 

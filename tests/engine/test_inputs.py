@@ -121,7 +121,7 @@ def test_non_finite_values_are_refused():
 
 def test_unreadable_npy_is_refused(tiny_en):
     with pytest.raises(SpectrogramError, match="not a readable .npy"):
-        tiny_en.sources([b"\x93NUMPY\x01\x00garbage"])
+        tiny_en.prepare(b"\x93NUMPY\x01\x00garbage")
 
 
 def test_audio_and_spectrograms_share_one_batch(tiny_en, clips):

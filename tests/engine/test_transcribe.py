@@ -36,6 +36,31 @@ def test_a_batch_equals_one_at_a_time(tiny_en, english_clips):
         assert [s.tokens for s in together.segments] == [s.tokens for s in alone.segments]
 
 
+def test_a_stream_takes_inputs_while_it_decodes_each_with_its_own_options(tiny_en, clips):
+    from engine.transcribe import Submission
+
+    names = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
+    options = [
+        TranscriptionOptions(),
+        TranscriptionOptions(mode="chunked"),
+        TranscriptionOptions(initial_prompt="Kennedy, Lee Harvey Oswald."),
+    ]
+    prepared = [tiny_en.prepare(clips[n].bytes) for n in names]
+    stream = tiny_en.stream()
+    stream.add([Submission(0, prepared[0], options[0])])
+    results = dict(stream.step())  # the first input is decoding...
+    assert stream.busy and not results
+    late = [Submission(1, prepared[1], options[1]), Submission(2, prepared[2], options[2], True)]
+    stream.add(late)  # ...when two more arrive, the urgent one queued ahead
+    assert [s.owner for s in stream.live] == [2, 0, 1]
+    while stream.busy:
+        results.update(stream.step())
+    for i, name in enumerate(names):
+        alone = tiny_en.transcribe(clips[name].bytes, options[i])
+        assert [s.tokens for s in results[i].segments] == [s.tokens for s in alone.segments]
+        assert results[i].options["mode"] == options[i].mode
+
+
 def test_silence_has_a_high_no_speech_probability_and_can_be_skipped(tiny_en):
     silence = np.zeros(16000 * 5, np.float32)
     # As openai-whisper does, a confident hallucination (log-prob above -1) is kept...
@@ -121,15 +146,17 @@ def test_progress_is_reported_up_to_the_duration(tiny_en, long_clip):
 def test_a_transcription_that_fails_midway_leaves_the_pool_free(tiny_en, clips, monkeypatch):
     """An input that breaks while others decode (a stream that turns out truncated, say)
     fails its transcription; the next one runs on a free pool."""
-    admit, calls = type(tiny_en)._admit, []
+    from engine.transcribe import Stream
 
-    def admit_then_break(self, sched, *args):
-        calls.append(sched.n_live)
+    admit, calls = Stream._admit, []
+
+    def admit_then_break(self):
+        calls.append(self.sched.n_live)
         if len(calls) == 2:  # decode steps are launched and a window is live
             raise RuntimeError("the input broke")
-        return admit(self, sched, *args)
+        return admit(self)
 
-    monkeypatch.setattr(type(tiny_en), "_admit", admit_then_break)
+    monkeypatch.setattr(Stream, "_admit", admit_then_break)
     with pytest.raises(RuntimeError, match="the input broke"):
         tiny_en.transcribe(clips["en_jfk"].bytes)
     assert calls == [0, 1]
