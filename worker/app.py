@@ -28,7 +28,12 @@ def create_app(settings: Settings) -> Celery:
         task_default_queue=QUEUES[0],
         task_routes={TASK_NAME: {"queue": QUEUES[0]}},
         # Always look at `interactive` before `bulk` (kombu's default rotates between them).
-        broker_transport_options={"queue_order_strategy": "priority"},
+        # An unacked message comes back after the visibility timeout; leases and the
+        # reconciler take over a dead worker's jobs long before that (worker.leases).
+        broker_transport_options={
+            "queue_order_strategy": "priority",
+            "visibility_timeout": settings.visibility_timeout_s,
+        },
         broker_connection_retry_on_startup=True,
         worker_pool="threads",
         worker_concurrency=settings.worker_concurrency,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -48,10 +49,15 @@ def _stack(args: argparse.Namespace) -> int:
             flush=True,
         )
         while True:
-            for name, proc in children:
-                if proc.poll() is not None:
-                    print(f"whisperfleet: {name} exited with {proc.returncode}", file=sys.stderr)
+            for i, (name, proc) in enumerate(children):
+                if proc.poll() is None:
+                    continue
+                print(f"whisperfleet: {name} exited with {proc.returncode}", file=sys.stderr)
+                if name != "worker":
                     return 1
+                # a worker that dies (a CUDA fault ends it on purpose) is started again;
+                # its jobs are taken over when their leases lapse
+                children[i] = (name, subprocess.Popen([*cli, "worker"]))
             time.sleep(0.5)
     except KeyboardInterrupt:
         return 0
@@ -80,15 +86,32 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    if args.gpus:
+        return _supervise_gpus(args.gpus.split(","), args.concurrency)
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
     ensure_redis(settings, start=False)
     ensure_storage(settings, start=False)
+    import threading
+
+    from worker.dispatch import dispatch
+    from worker.leases import Reconciler
     from worker.tasks import app, transcribe
 
     # Load (and on first use convert) the default model before taking jobs.
     transcribe.engines.get(settings.default_model)
+    reconciler = Reconciler(
+        transcribe.store,
+        transcribe.leases,
+        lambda record: dispatch(app, transcribe.store, record),
+        settings.stale_after_s,
+        settings.max_attempts,
+    )
+    stop = threading.Event()
+    threading.Thread(
+        target=reconciler.loop, args=(settings.reconcile_every_s, stop), daemon=True
+    ).start()
     concurrency = args.concurrency or settings.worker_concurrency
     app.worker_main(
         [
@@ -97,11 +120,50 @@ def _worker(args: argparse.Namespace) -> int:
             "--pool=threads",
             f"--concurrency={concurrency}",
             "--queues=interactive,bulk",
-            f"--hostname=whisperfleet@{socket.gethostname()}",
+            f"--hostname=whisperfleet-{os.getpid()}@{socket.gethostname()}",
             "--without-gossip",
             "--without-mingle",
         ]
     )
+    stop.set()
+    return 0
+
+
+def _supervise_gpus(gpus: list[str], concurrency: int | None) -> int:
+    """One worker process per GPU (each sees only its own), restarted when it dies;
+    SIGTERM or Ctrl-C drains them all."""
+    cli = [sys.executable, "-m", "worker.cli", "worker"]
+    if concurrency:
+        cli += ["--concurrency", str(concurrency)]
+
+    def start(gpu: str) -> subprocess.Popen:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        return subprocess.Popen(cli, env=env)
+
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    procs = {gpu: start(gpu) for gpu in gpus}
+    while not stopping:
+        for gpu, proc in procs.items():
+            if proc.poll() is not None:
+                print(
+                    f"whisperfleet: worker on GPU {gpu} exited with {proc.returncode}; "
+                    "restarting it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                procs[gpu] = start(gpu)
+        time.sleep(1.0)
+    for proc in procs.values():
+        proc.terminate()  # Celery's warm shutdown: finish what is in flight
+    for proc in procs.values():
+        proc.wait()
     return 0
 
 
@@ -235,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("worker", help="one worker process (one per GPU)")
     p.add_argument("--concurrency", type=int, help="jobs in flight (default from settings)")
+    p.add_argument("--gpus", help="e.g. 0,1: one worker process per GPU, each restarted if it dies")
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("transcribe", help="transcribe files here, without the queue")

@@ -8,6 +8,7 @@ message cannot both move a job.
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -83,6 +84,7 @@ class JobRecord(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     attempts: int = 0
+    worker: str | None = None  # the worker that ran (or runs) the latest attempt
     progress: Progress = Field(default_factory=Progress)
     error: JobError | None = None
 
@@ -112,18 +114,49 @@ class TransitionError(RuntimeError):
 
 
 class JobStore:
-    """Job records as JSON strings under `whisperfleet:job:<id>`."""
+    """Job records as JSON strings under `whisperfleet:job:<id>`.
+
+    Beside them, for the reconciler: `:active`, the jobs not yet terminal (a sorted set, scored
+    by when each was last looked at), and `:sent`, the jobs whose message waits in a queue (set
+    after the message is published, cleared when a worker receives it). A queued job missing
+    from `:sent` for long has lost its message (Redis lost it, or its receiver died).
+    """
 
     def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
         self.redis = client
         self.prefix = prefix
+        self.active, self.sent = f"{prefix}:active", f"{prefix}:sent"
 
     def _key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
 
     def create(self, record: JobRecord) -> None:
-        if not self.redis.set(self._key(record.id), record.model_dump_json(), nx=True):
+        with self.redis.pipeline() as pipe:  # MULTI: the record and its index entry together
+            pipe.set(self._key(record.id), record.model_dump_json(), nx=True)
+            pipe.zadd(self.active, {record.id: time.time()})
+            created, _ = pipe.execute()
+        if not created:
             raise TransitionError(f"job {record.id} already exists")
+
+    def mark_sent(self, job_id: str) -> None:
+        self.redis.hset(self.sent, job_id, time.time())
+
+    def mark_received(self, job_id: str) -> None:
+        self.redis.hdel(self.sent, job_id)
+
+    def is_sent(self, job_id: str) -> bool:
+        return bool(self.redis.hexists(self.sent, job_id))
+
+    def stale(self, older_than_s: float, limit: int = 1000) -> list[str]:
+        """Active jobs not looked at for `older_than_s`, oldest first."""
+        ids = self.redis.zrangebyscore(
+            self.active, "-inf", time.time() - older_than_s, start=0, num=limit
+        )
+        return [i.decode() for i in ids]
+
+    def touch(self, job_id: str) -> None:
+        """Looked at now (only while still active)."""
+        self.redis.zadd(self.active, {job_id: time.time()}, xx=True)
 
     def get(self, job_id: str) -> JobRecord | None:
         raw = self.redis.get(self._key(job_id))
@@ -142,6 +175,11 @@ class JobStore:
                     updated = change(JobRecord.model_validate_json(raw))
                     pipe.multi()
                     pipe.set(key, updated.model_dump_json())
+                    if updated.status in TERMINAL:
+                        pipe.zrem(self.active, job_id)
+                        pipe.hdel(self.sent, job_id)
+                    else:
+                        pipe.zadd(self.active, {job_id: time.time()})
                     pipe.execute()
                     return updated
                 except redis.WatchError:

@@ -51,8 +51,22 @@ class Settings(BaseSettings):
     # cross-attention K/V cache: "model" (the weights' dtype) or "fp8" (half the bytes: more
     # slots, faster large-model decoding; WER within 0.3 of fp16 on the dev set, on CUDA)
     cross_kv: Literal["model", "fp8"] = "model"
-    worker_concurrency: int = 2
+    # Jobs in flight per worker process (Celery threads; each decodes its input, then waits
+    # for the engine): enough to fill the engine's batches. The batcher starts arrivals
+    # together once batch_size wait (default: the model's encoder batch) or the oldest has
+    # waited batch_max_wait_ms: longer waits, fuller batches; shorter, lower latency alone.
+    worker_concurrency: int = 32
+    batch_size: int | None = None
+    batch_max_wait_ms: float = 10.0
     max_attempts: int = 5  # starts of one job before it is failed as poison
+    # A running job's lease lapses lease_s after its worker's last heartbeat (every
+    # lease_s / 3); every reconcile_every_s one worker re-enqueues jobs whose lease lapsed
+    # and jobs queued for stale_after_s whose message is gone. Redis redelivers an unacked
+    # message after visibility_timeout_s; by then the job is done or leased, and it is dropped.
+    lease_s: float = 30.0
+    reconcile_every_s: float = 10.0
+    stale_after_s: float = 60.0
+    visibility_timeout_s: float = 3600.0
     cache_dir: Path = Field(default_factory=_default_cache_dir)
 
     @field_validator("models", mode="before")

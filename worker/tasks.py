@@ -1,14 +1,18 @@
 """The transcription task: one job id in, one result object and a terminal record out.
 
-The task re-reads the record and checks the world itself (a redelivered message may find its
-job finished or failed already); bad input fails only that job, with a reason; transient
-storage or Redis trouble is retried.
+The task re-reads the record and checks the world itself: a redelivered message may find its
+job finished, failed, or running under another worker's lease, and is then dropped. Bad input
+fails only that job, with a reason; transient storage or Redis trouble is retried with backoff
+and jitter. The message is acked when the task returns, after the result and the record are
+durable.
 """
 
 from __future__ import annotations
 
 import json
-import time
+import os
+import random
+import socket
 from functools import cached_property
 
 import redis
@@ -20,15 +24,18 @@ from engine.audio import AudioError
 from engine.inputs import SpectrogramError
 from engine.longform import OptionsError
 from worker.app import app
+from worker.batching import EngineFailed, Ticket
 from worker.engines import Engines, UnknownModel
+from worker.failpoints import failpoint
 from worker.jobs import TASK_NAME, TERMINAL, JobError, JobStatus, JobStore, Progress
+from worker.leases import Leases
 from worker.settings import get_settings
 from worker.storage import Storage
 
 log = get_task_logger(__name__)
 
-PROGRESS_EVERY_S = 2.0
-TRANSIENT = (BotoCoreError, redis.ConnectionError, redis.TimeoutError)
+TRANSIENT = (BotoCoreError, redis.ConnectionError, redis.TimeoutError, EngineFailed)
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
 class JobTask(Task):
@@ -37,6 +44,10 @@ class JobTask(Task):
     @cached_property
     def store(self) -> JobStore:
         return JobStore(redis.Redis.from_url(get_settings().redis_url))
+
+    @cached_property
+    def leases(self) -> Leases:
+        return Leases(self.store.redis, WORKER_ID, get_settings().lease_s)
 
     @cached_property
     def storage(self) -> Storage:
@@ -49,37 +60,61 @@ class JobTask(Task):
 
 @app.task(bind=True, base=JobTask, name=TASK_NAME, max_retries=8)
 def transcribe(self: JobTask, job_id: str) -> None:
+    self.store.mark_received(job_id)
     record = self.store.get(job_id)
     if record is None:
         log.warning("job %s has no record; dropping its message", job_id)
         return
     if record.status in TERMINAL:
-        log.info("job %s is already %s; nothing to do", job_id, record.status)
+        log.info("job %s is already %s; dropping this delivery", job_id, record.status)
         return
-    if record.attempts >= get_settings().max_attempts:
+    if not self.leases.acquire(job_id):
+        holder = self.leases.holder(job_id)
+        log.info("job %s is running on %s; dropping this delivery", job_id, holder)
+        return
+    try:
+        _run(self, job_id)
+    finally:
+        self.leases.release(job_id)
+
+
+def _run(self: JobTask, job_id: str) -> None:
+    settings = get_settings()
+    record = self.store.get(job_id)
+    if record is None or record.status in TERMINAL:
+        return
+    if record.attempts >= settings.max_attempts:
         reason = f"the job was started {record.attempts} times without finishing"
         self.store.transition(
             job_id, JobStatus.failed, error=JobError(code="poison", message=reason)
         )
         return
-    record = self.store.transition(job_id, JobStatus.running)
+    record = self.store.transition(job_id, JobStatus.running, worker=WORKER_ID)
+    log.info("job %s started (attempt %d)", job_id, record.attempts)
 
     def fail(code: str, message: str) -> None:
         log.info("job %s failed (%s): %s", job_id, code, message)
         self.store.transition(job_id, JobStatus.failed, error=JobError(code=code, message=message))
 
-    last_report = 0.0
+    batcher_alive = self.engines.alive
 
-    def report(_: int, done_s: float, total_s: float) -> None:
-        nonlocal last_report
-        if time.monotonic() - last_report > PROGRESS_EVERY_S:
-            last_report = time.monotonic()
-            self.store.set_progress(job_id, Progress(done_s=done_s, total_s=total_s))
+    def on_wait(ticket: Ticket) -> None:
+        """Every few seconds while the engine has the job: its lease and its progress."""
+        if batcher_alive(record.model) and not self.leases.renew(job_id):
+            log.warning("job %s: its lease lapsed; another worker may take it over", job_id)
+        self.store.set_progress(job_id, Progress(done_s=ticket.done_s, total_s=ticket.total_s))
 
     try:
         data = self.storage.get(record.input_key)
         try:
-            result = self.engines.transcribe(record.model, data, record.options, report)
+            result = self.engines.transcribe(
+                record.model,
+                data,
+                record.options,
+                urgent=record.priority == "interactive",
+                on_wait=on_wait,
+                wait_s=settings.lease_s / 3,
+            )
         except AudioError as e:
             return fail("invalid_audio", str(e))
         except SpectrogramError as e:
@@ -91,14 +126,24 @@ def transcribe(self: JobTask, job_id: str) -> None:
         body = json.dumps(result.to_dict(), ensure_ascii=False).encode()
         if not self.storage.put_once(record.result_key, body, "application/json"):
             log.info("job %s: a result was stored by an earlier delivery; keeping it", job_id)
+        failpoint("after_result")
         progress = Progress(done_s=result.duration, total_s=result.duration)
         self.store.transition(job_id, JobStatus.succeeded, progress=progress, error=None)
+        log.info("job %s succeeded", job_id)
+        failpoint("before_ack")
     except TRANSIENT + (ClientError,) as e:
         if isinstance(e, ClientError) and e.response["Error"]["Code"] in ("NoSuchKey", "404"):
             return fail("not_found", f"the job's input object {record.input_key} is missing")
-        log.warning("job %s: transient error, retrying: %s", job_id, e)
+        if isinstance(e, EngineFailed) and not e.retry:
+            return fail("internal", str(e))
+        if self.request.retries >= self.max_retries:
+            return fail("unavailable", f"gave up after {self.max_retries} retries: {e}")
+        # exponential backoff with full jitter, so retries of many jobs do not arrive together
+        countdown = random.uniform(0, min(2**self.request.retries, 30))
+        log.warning("job %s: transient error, retrying in %.1f s: %s", job_id, countdown, e)
         self.store.transition(job_id, JobStatus.queued)
-        raise self.retry(exc=e, countdown=min(2**self.request.retries, 30)) from e
+        self.store.mark_sent(job_id)
+        raise self.retry(exc=e, countdown=countdown) from e
     except Exception as e:  # a bug, not the input's fault: record it rather than hang the job
         log.exception("job %s: unexpected error", job_id)
         fail("internal", f"{type(e).__name__}: {e}")

@@ -12,9 +12,9 @@ from api.deps import OwnedJobDep, QueueDep, SettingsDep, StorageDep, StoreDep, T
 from api.errors import ApiError, ErrorBody
 from api.schemas import JobPublic
 from api.upload import receive_upload
+from worker.dispatch import dispatch
 from worker.formats import WRITERS
 from worker.jobs import (
-    TASK_NAME,
     JobError,
     JobInput,
     JobOptions,
@@ -114,7 +114,7 @@ async def create_job(
     )
     await run_in_threadpool(store.create, record)
     try:
-        await run_in_threadpool(queue.send_task, TASK_NAME, args=[job_id], queue=priority)
+        await run_in_threadpool(dispatch, queue, store, record)
     except Exception as e:
         log.exception("job %s could not be queued", job_id)
         error = JobError(code="unavailable", message=f"the job could not be queued: {e}")

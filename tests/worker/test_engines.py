@@ -61,6 +61,7 @@ def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, mo
     import torch
 
     from engine.scheduler import Scheduler
+    from worker.batching import EngineFailed
     from worker.jobs import JobOptions
 
     engines = Engines(Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2))
@@ -84,5 +85,6 @@ def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, mo
     while transcriber.n_slots > 1:
         transcriber.shrink()
     failures.clear()
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(EngineFailed, match="out of memory") as failed:
         engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions())
+    assert not failed.value.retry and isinstance(failed.value.__cause__, torch.OutOfMemoryError)

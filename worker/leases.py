@@ -1,0 +1,127 @@
+"""Who runs a job: a lease with a heartbeat, and the reconciler that takes over the jobs of
+workers that died.
+
+A lease is a Redis key `whisperfleet:lease:<job id>` holding the worker's id, set only if
+absent and expiring `ttl_s` after its last renewal. A delivery of a job that someone holds is
+dropped: the holder finishes it, or dies and lets the lease lapse. Every worker runs a
+reconciler; one at a time (a lock in Redis) it looks at the active jobs not looked at lately:
+a running job without a lease lost its worker and is queued again; a queued job whose message
+is gone (see `JobStore`) gets a new one; a job started `max_attempts` times is failed as
+poison. So a dead worker's jobs are taken over within `ttl_s` + the reconcile interval, not
+after Redis's visibility timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import redis
+
+from worker.jobs import TERMINAL, JobError, JobRecord, JobStatus, JobStore, TransitionError
+
+log = logging.getLogger(__name__)
+
+# renew or drop a lease only if it is still ours
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+)
+_RELEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
+
+
+class Leases:
+    def __init__(
+        self, client: redis.Redis, worker_id: str, ttl_s: float, prefix: str = "whisperfleet"
+    ):
+        self.redis, self.worker_id, self.prefix = client, worker_id, prefix
+        self.ttl_ms = int(ttl_s * 1000)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    def _key(self, job_id: str) -> str:
+        return f"{self.prefix}:lease:{job_id}"
+
+    def acquire(self, job_id: str) -> bool:
+        return bool(self.redis.set(self._key(job_id), self.worker_id, nx=True, px=self.ttl_ms))
+
+    def holder(self, job_id: str) -> str | None:
+        value = self.redis.get(self._key(job_id))
+        return value.decode() if value is not None else None
+
+    def renew(self, job_id: str) -> bool:
+        """False: the lease lapsed (or another worker holds it now)."""
+        return bool(self._renew(keys=[self._key(job_id)], args=[self.worker_id, self.ttl_ms]))
+
+    def release(self, job_id: str) -> None:
+        self._release(keys=[self._key(job_id)], args=[self.worker_id])
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: JobStore,
+        leases: Leases,
+        send: Callable[[JobRecord], None],
+        stale_after_s: float,
+        max_attempts: int,
+    ):
+        self.store, self.leases, self.send = store, leases, send
+        self.stale_after_s, self.max_attempts = stale_after_s, max_attempts
+
+    def run_once(self) -> dict[str, int]:
+        """Look at the active jobs not looked at for `stale_after_s`; counts of what was done."""
+        done = {"requeued": 0, "resent": 0, "poison": 0}
+        for job_id in self.store.stale(self.stale_after_s):
+            record = self.store.get(job_id)
+            if record is None or record.status in TERMINAL:
+                self.store.redis.zrem(self.store.active, job_id)
+                continue
+            if self.leases.holder(job_id) is not None or (
+                record.status is JobStatus.queued and self.store.is_sent(job_id)
+            ):
+                self.store.touch(job_id)  # someone runs it, or its message waits in a queue
+                continue
+            try:
+                if record.status is JobStatus.running and record.attempts >= self.max_attempts:
+                    reason = f"the job was started {record.attempts} times without finishing"
+                    error = JobError(code="poison", message=reason)
+                    self.store.transition(job_id, JobStatus.failed, error=error)
+                    log.warning("job %s failed as poison: %s", job_id, reason)
+                    done["poison"] += 1
+                    continue
+                if record.status is JobStatus.running:
+                    # its worker died (or stalled) without finishing: queue it again
+                    record = self.store.transition(job_id, JobStatus.queued)
+                    done["requeued"] += 1
+                else:
+                    self.store.touch(job_id)
+                    done["resent"] += 1
+            except TransitionError:
+                continue  # it moved meanwhile: its mover has it
+            log.warning(
+                "job %s (%s on %s) has no live worker: sent again",
+                job_id,
+                record.status,
+                record.worker,
+            )
+            self.send(record)
+        return done
+
+    def loop(self, every_s: float, stop: threading.Event) -> None:
+        """Run `run_once` every `every_s` while this worker holds the reconciler's lock."""
+        lock = f"{self.leases.prefix}:reconciler"
+        me, ttl_ms = self.leases.worker_id, int(every_s * 3000)
+        while not stop.wait(every_s):
+            try:
+                r = self.store.redis
+                if r.set(lock, me, nx=True, px=ttl_ms) or r.get(lock) == me.encode():
+                    r.pexpire(lock, ttl_ms)
+                    counts = self.run_once()
+                    if any(counts.values()):
+                        log.info("reconciler: %s", counts)
+            except redis.RedisError as e:
+                log.warning("reconciler: Redis unavailable (%s); trying again", e)
