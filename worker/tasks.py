@@ -99,10 +99,16 @@ def _run(self: JobTask, job_id: str) -> None:
     batcher_alive = self.engines.alive
 
     def on_wait(ticket: Ticket) -> None:
-        """Every few seconds while the engine has the job: its lease and its progress."""
-        if batcher_alive(record.model) and not self.leases.renew(job_id):
-            log.warning("job %s: its lease lapsed; another worker may take it over", job_id)
-        self.store.set_progress(job_id, Progress(done_s=ticket.done_s, total_s=ticket.total_s))
+        """Every few seconds while the engine has the job: its lease and its progress. Redis
+        being away does not stop the job (if the lease lapses meanwhile, another worker may
+        run it too: the conditional put keeps one result)."""
+        try:
+            if batcher_alive(record.model) and not self.leases.renew(job_id):
+                log.warning("job %s: its lease lapsed; another worker may take it over", job_id)
+            progress = Progress(done_s=ticket.done_s, total_s=ticket.total_s)
+            self.store.set_progress(job_id, progress)
+        except redis.RedisError as e:
+            log.warning("job %s: heartbeat failed (%s); still running", job_id, e)
 
     try:
         data = self.storage.get(record.input_key)

@@ -1,0 +1,213 @@
+"""A small fleet for fault tests: its own redis-server (AOF in a temp folder, on a free port,
+never the machine's shared one), its own moto S3 server, real worker processes (tiny.en on
+the CPU), and jobs submitted as the API submits them."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import redis
+import soundfile as sf
+
+from tests.conftest import free_port, stop, wait_for_port
+from worker.app import create_app
+from worker.dispatch import dispatch
+from worker.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
+from worker.settings import Settings
+from worker.storage import Storage
+
+# fast takeover, so a test waits seconds, not minutes
+FAST = {"LEASE_S": "3", "RECONCILE_EVERY_S": "0.5", "STALE_AFTER_S": "2"}
+
+
+class RedisServer:
+    def __init__(self, folder: Path, fsync: str = "everysec"):
+        self.folder, self.fsync, self.port = folder, fsync, free_port()
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        assert exe, "the fault tests need redis-server installed"
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+             "--appendonly", "yes", "--appendfsync", self.fsync, "--save", ""],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for_port(self.port, self.proc)
+
+    def restart_gracefully(self) -> None:
+        """SIGTERM: Redis writes its AOF out and exits; then start it on the same folder."""
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.start()
+
+    def restart_after_kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.start()
+
+    def close(self) -> None:
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class StorageServer:
+    """moto's S3 server: in memory, so it may be frozen (SIGSTOP) but never restarted."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, self.proc)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def freeze(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        self.thaw()
+        stop(self.proc)
+
+
+@dataclass
+class Tally:
+    submitted: int
+    succeeded: int
+    failed: int
+    duplicates: int  # jobs with more than one result object (the bucket keeps versions)
+    lost: int  # accepted jobs not terminal, or succeeded without a result
+
+    def __str__(self) -> str:
+        return (
+            f"submitted {self.submitted}, succeeded {self.succeeded}, failed {self.failed}, "
+            f"duplicates {self.duplicates}, lost {self.lost}"
+        )
+
+
+class Fleet:
+    def __init__(self, folder: Path, redis_server: RedisServer, storage: StorageServer, **env):
+        self.folder, self.redis_server = folder, redis_server
+        bucket = f"faults-{uuid.uuid4().hex[:12]}"
+        self.env = {
+            **os.environ,
+            "WHISPERFLEET_REDIS_URL": redis_server.url,
+            "WHISPERFLEET_S3_ENDPOINT_URL": storage.url,
+            "WHISPERFLEET_S3_BUCKET": bucket,
+            "WHISPERFLEET_DEVICE": "cpu",
+            "WHISPERFLEET_MODELS": "tiny.en",
+            "WHISPERFLEET_WORKER_CONCURRENCY": "8",
+            **{f"WHISPERFLEET_{k}": str(v) for k, v in {**FAST, **env}.items()},
+        }
+        self.settings = Settings(
+            redis_url=redis_server.url, s3_endpoint_url=storage.url, s3_bucket=bucket
+        )
+        self.redis = redis.Redis.from_url(redis_server.url)
+        self.store = JobStore(self.redis)
+        self.storage = Storage(self.settings)
+        self.storage.ensure_bucket()
+        self.storage.client.put_bucket_versioning(
+            Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
+        )
+        self.app = create_app(self.settings)
+        self.workers: list[subprocess.Popen] = []
+
+    def start_worker(self, failpoint: str | None = None) -> subprocess.Popen:
+        env = {**self.env, "WHISPERFLEET_FAILPOINT": failpoint or ""}
+        log = open(self.folder / f"worker-{len(self.workers)}.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker"], env=env, stdout=log, stderr=log
+        )
+        self.workers.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.folder.glob("worker-*.log")))
+
+    def submit(self, data: bytes, kind: str = "audio", fmt: str = "flac", twice: bool = False):
+        """As the API does: the input, the record, the message (here maybe two)."""
+        record = JobRecord(
+            id=new_job_id(),
+            model="tiny.en",
+            priority="bulk",
+            input=JobInput(kind=kind, bytes=len(data), format=fmt),
+        )
+        self.storage.client.put_object(Bucket=self.storage.bucket, Key=record.input_key, Body=data)
+        self.store.create(record)
+        dispatch(self.app, self.store, record)
+        if twice:
+            dispatch(self.app, self.store, record)
+        return record.id
+
+    def wait_until(self, ids: list[str], statuses: set[str], count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                records = [self.store.get(i) for i in ids]
+                if sum(r.status in statuses for r in records) >= count:
+                    return
+            except redis.ConnectionError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"fewer than {count} jobs reached {statuses} in {timeout} s")
+
+    def wait_all(self, ids: list[str], timeout: float = 240) -> None:
+        self.wait_until(ids, set(TERMINAL), len(ids), timeout)
+
+    def tally(self, ids: list[str]) -> Tally:
+        succeeded = failed = duplicates = lost = 0
+        for job_id in ids:
+            record = self.store.get(job_id)
+            listing = self.storage.client.list_object_versions(
+                Bucket=self.storage.bucket, Prefix=record.result_key
+            )
+            versions = len(listing.get("Versions", []))
+            duplicates += versions > 1
+            if record.status is JobStatus.succeeded:
+                succeeded += 1
+                lost += versions == 0
+            elif record.status is JobStatus.failed:
+                failed += 1
+            else:
+                lost += 1
+        tally = Tally(len(ids), succeeded, failed, duplicates, lost)
+        print(tally)
+        return tally
+
+    def close(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def speech(clip: bytes, seconds: float) -> bytes:
+    """The first `seconds` of a real clip, as FLAC: short jobs keep the tests quick."""
+    audio, rate = sf.read(io.BytesIO(clip), dtype="float32")
+    out = io.BytesIO()
+    sf.write(out, audio[: int(seconds * rate)], rate, format="FLAC")
+    return out.getvalue()
+
+
+def long_speech(clip: bytes, repeat: int) -> bytes:
+    audio, rate = sf.read(io.BytesIO(clip), dtype="float32")
+    out = io.BytesIO()
+    sf.write(out, np.concatenate([audio] * repeat), rate, format="FLAC")
+    return out.getvalue()

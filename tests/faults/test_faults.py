@@ -1,0 +1,136 @@
+"""The reliability contract under real faults: real Redis (our own), moto's S3 server, real
+worker processes killed, stopped and restarted. Each test prints
+`submitted N, succeeded S, failed F, duplicates D, lost L`; docs/reliability.md has the table."""
+
+from __future__ import annotations
+
+import io
+import signal
+
+import numpy as np
+import pytest
+
+from tests.faults.fleet import Fleet, RedisServer, StorageServer, speech
+
+pytestmark = pytest.mark.slow
+
+RUNNING = {"running"}
+
+
+@pytest.fixture
+def storage_server():
+    server = StorageServer()
+    yield server
+    server.close()
+
+
+def make_fleet(tmp_path, storage_server, fsync="everysec", **env):
+    redis_server = RedisServer(tmp_path, fsync)
+    redis_server.start()
+    return Fleet(tmp_path, redis_server, storage_server, **env)
+
+
+@pytest.fixture
+def fleet(tmp_path, storage_server):
+    fleet = make_fleet(tmp_path, storage_server)
+    yield fleet
+    fleet.close()
+    fleet.redis_server.close()
+    print(fleet.logs()[-4000:])
+
+
+@pytest.fixture(scope="module")
+def inputs(clips) -> list[bytes]:
+    """Short real speech, a few seconds each."""
+    english = [c for c in clips.values() if c.language == "en"]
+    return [speech(c.bytes, 2.0 + i % 3) for i, c in enumerate(english)]
+
+
+def submit_many(fleet: Fleet, inputs: list[bytes], n: int, **kwargs) -> list[str]:
+    return [fleet.submit(inputs[i % len(inputs)], **kwargs) for i in range(n)]
+
+
+def test_kill_9_mid_batch_then_a_new_worker_finishes_every_job_once(fleet, inputs):
+    ids = submit_many(fleet, inputs, 24)
+    first = fleet.start_worker()
+    fleet.wait_until(ids, RUNNING, 1, timeout=120)
+    first.kill()  # mid-batch: jobs running, others prefetched
+    first.wait()
+    fleet.start_worker()
+    fleet.wait_all(ids)
+    tally = fleet.tally(ids)
+    assert (tally.succeeded, tally.duplicates, tally.lost) == (24, 0, 0)
+    assert "has no live worker: sent again" in fleet.logs()  # the reconciler took over
+
+
+@pytest.mark.parametrize("point", ["after_result", "before_ack"])
+def test_kill_9_after_the_result_is_written_leaves_one_result(fleet, inputs, point):
+    """after_result: killed after the put, before the record; before_ack: after both."""
+    ids = submit_many(fleet, inputs, 8)
+    dying = fleet.start_worker(failpoint=point)
+    assert dying.wait(timeout=120) == -signal.SIGKILL
+    fleet.start_worker()
+    fleet.wait_all(ids)
+    tally = fleet.tally(ids)
+    assert (tally.succeeded, tally.duplicates, tally.lost) == (8, 0, 0)
+    if point == "after_result":  # its job ran again, and the second write was refused
+        assert "a result was stored by an earlier delivery; keeping it" in fleet.logs()
+
+
+def test_one_message_delivered_twice_to_two_workers_runs_once(fleet, inputs):
+    ids = submit_many(fleet, inputs, 12, twice=True)
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.wait_all(ids)
+    tally = fleet.tally(ids)
+    assert (tally.succeeded, tally.duplicates, tally.lost) == (12, 0, 0)
+    assert all(fleet.store.get(i).attempts == 1 for i in ids)
+    assert fleet.logs().count("dropping this delivery") == 12
+
+
+def malformed(good: bytes) -> list[tuple[bytes, str, str]]:
+    """Twenty bad inputs put straight into storage: (data, kind, format)."""
+
+    def npy(array: np.ndarray) -> bytes:
+        out = io.BytesIO()
+        np.save(out, array)
+        return out.getvalue()
+
+    nan = np.zeros((80, 3000), np.float32)
+    nan[3, 7] = np.nan
+    bad = [
+        (b"this is not audio at all, just some text", "audio", "flac"),
+        (b"", "audio", "flac"),
+        (good[: len(good) // 3], "audio", "flac"),  # truncated
+        (npy(nan), "spectrogram", "npy"),
+        (npy(np.zeros((128, 3000), np.float32)), "spectrogram", "npy"),  # tiny.en has 80 mels
+    ]
+    return bad * 4
+
+
+def test_twenty_malformed_inputs_among_two_hundred_fail_alone(fleet, inputs):
+    bad = malformed(inputs[0])
+    good_ids = submit_many(fleet, inputs, 200)
+    bad_ids = [fleet.submit(data, kind, fmt) for data, kind, fmt in bad]
+    worker = fleet.start_worker()
+    fleet.wait_all(good_ids + bad_ids, timeout=600)
+    tally = fleet.tally(good_ids + bad_ids)
+    assert (tally.succeeded, tally.failed, tally.duplicates, tally.lost) == (200, 20, 0, 0)
+    for job_id in bad_ids:
+        error = fleet.store.get(job_id).error
+        assert error.code in ("invalid_audio", "invalid_spectrogram") and error.message
+    assert worker.poll() is None  # never restarted: the same process took every job
+    assert all(fleet.store.get(i).attempts == 1 for i in good_ids + bad_ids)
+
+
+def test_sigterm_during_a_batch_drains_without_loss_or_repeats(fleet, inputs):
+    ids = submit_many(fleet, inputs, 24)
+    first = fleet.start_worker()
+    fleet.wait_until(ids, RUNNING, 1, timeout=120)
+    first.terminate()  # warm shutdown: take nothing more, finish what is in flight
+    assert first.wait(timeout=120) == 0
+    fleet.start_worker()
+    fleet.wait_all(ids)
+    tally = fleet.tally(ids)
+    assert (tally.succeeded, tally.duplicates, tally.lost) == (24, 0, 0)
+    assert all(fleet.store.get(i).attempts == 1 for i in ids)  # nothing ran twice
