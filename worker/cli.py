@@ -112,6 +112,9 @@ def _worker(args: argparse.Namespace) -> int:
     threading.Thread(
         target=reconciler.loop, args=(settings.reconcile_every_s, stop), daemon=True
     ).start()
+    threading.Thread(
+        target=transcribe.leases.heartbeat, args=(transcribe.engines.healthy, stop), daemon=True
+    ).start()
     concurrency = args.concurrency or settings.worker_concurrency
     app.worker_main(
         [

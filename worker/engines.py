@@ -70,11 +70,10 @@ class Engines:
         with self._lock:
             return self._get(name).transcriber
 
-    def alive(self, name: str, stall_s: float = 60.0) -> bool:
-        """Whether the model's batcher has turned its loop within `stall_s` (a stalled engine
-        stops renewing its jobs' leases, so other workers take them over)."""
-        batcher = self._loaded.get(name)
-        return batcher is not None and time.monotonic() - batcher.last_tick < stall_s
+    def healthy(self, stall_s: float = 60.0) -> bool:
+        """Whether every model's batcher has turned its loop within `stall_s`."""
+        now = time.monotonic()
+        return all(now - b.last_tick < stall_s for b in list(self._loaded.values()))
 
     @property
     def loaded(self) -> list[str]:
@@ -90,7 +89,7 @@ class Engines:
         wait_s: float = 2.0,
     ) -> Transcription:
         """Decode `data` on this thread, transcribe it among the other jobs' inputs, and call
-        `on_wait` every `wait_s` seconds meanwhile (progress, the job's lease)."""
+        `on_wait` every `wait_s` seconds meanwhile (to record progress)."""
         with self._lock:
             batcher = self._get(name)
         t = batcher.transcriber

@@ -32,7 +32,11 @@ class JobStatus(StrEnum):
 
 TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.queued: frozenset({JobStatus.running, JobStatus.failed, JobStatus.cancelled}),
+    # queued -> succeeded: a worker whose lease lapsed (Redis away, storage frozen) finished
+    # after its job was queued again; its result, the only one (conditional put), stands
+    JobStatus.queued: frozenset(
+        {JobStatus.running, JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled}
+    ),
     # running -> running: a redelivery after a worker died mid-job starts a new attempt;
     # running -> queued: a transient error, retried later
     JobStatus.running: frozenset(

@@ -41,12 +41,16 @@ class Leases:
         self.ttl_ms = int(ttl_s * 1000)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self.held: set[str] = set()  # renewed by the heartbeat while this worker runs them
 
     def _key(self, job_id: str) -> str:
         return f"{self.prefix}:lease:{job_id}"
 
     def acquire(self, job_id: str) -> bool:
-        return bool(self.redis.set(self._key(job_id), self.worker_id, nx=True, px=self.ttl_ms))
+        if self.redis.set(self._key(job_id), self.worker_id, nx=True, px=self.ttl_ms):
+            self.held.add(job_id)
+            return True
+        return False
 
     def holder(self, job_id: str) -> str | None:
         value = self.redis.get(self._key(job_id))
@@ -57,7 +61,24 @@ class Leases:
         return bool(self._renew(keys=[self._key(job_id)], args=[self.worker_id, self.ttl_ms]))
 
     def release(self, job_id: str) -> None:
+        self.held.discard(job_id)
         self._release(keys=[self._key(job_id)], args=[self.worker_id])
+
+    def heartbeat(self, healthy: Callable[[], bool], stop: threading.Event) -> None:
+        """Renew every held lease each third of its time to live, whatever the job's thread is
+        waiting for (the engine, a slow storage read), while `healthy()`: a stalled engine
+        stops renewing, so other workers take its jobs over."""
+        while not stop.wait(self.ttl_ms / 3000):
+            if not healthy():
+                log.error("the engine has stalled: leases are not renewed")
+                continue
+            for job_id in list(self.held):
+                try:
+                    if not self.renew(job_id):
+                        log.warning("job %s: its lease lapsed; another worker may run it", job_id)
+                except redis.RedisError as e:
+                    log.warning("heartbeat: Redis unavailable (%s); trying again", e)
+                    break
 
 
 class Reconciler:

@@ -96,19 +96,14 @@ def _run(self: JobTask, job_id: str) -> None:
         log.info("job %s failed (%s): %s", job_id, code, message)
         self.store.transition(job_id, JobStatus.failed, error=JobError(code=code, message=message))
 
-    batcher_alive = self.engines.alive
-
     def on_wait(ticket: Ticket) -> None:
-        """Every few seconds while the engine has the job: its lease and its progress. Redis
-        being away does not stop the job (if the lease lapses meanwhile, another worker may
-        run it too: the conditional put keeps one result)."""
+        """Every few seconds while the engine has the job: its progress (the heartbeat thread
+        renews its lease). Redis being away does not stop the job."""
         try:
-            if batcher_alive(record.model) and not self.leases.renew(job_id):
-                log.warning("job %s: its lease lapsed; another worker may take it over", job_id)
             progress = Progress(done_s=ticket.done_s, total_s=ticket.total_s)
             self.store.set_progress(job_id, progress)
         except redis.RedisError as e:
-            log.warning("job %s: heartbeat failed (%s); still running", job_id, e)
+            log.warning("job %s: progress not recorded (%s); still running", job_id, e)
 
     try:
         data = self.storage.get(record.input_key)
@@ -119,7 +114,6 @@ def _run(self: JobTask, job_id: str) -> None:
                 record.options,
                 urgent=record.priority == "interactive",
                 on_wait=on_wait,
-                wait_s=settings.lease_s / 3,
             )
         except AudioError as e:
             return fail("invalid_audio", str(e))
@@ -147,7 +141,8 @@ def _run(self: JobTask, job_id: str) -> None:
         # exponential backoff with full jitter, so retries of many jobs do not arrive together
         countdown = random.uniform(0, min(2**self.request.retries, 30))
         log.warning("job %s: transient error, retrying in %.1f s: %s", job_id, countdown, e)
-        self.store.transition(job_id, JobStatus.queued)
+        if self.store.get(job_id).status is JobStatus.running:
+            self.store.transition(job_id, JobStatus.queued)
         self.store.mark_sent(job_id)
         raise self.retry(exc=e, countdown=countdown) from e
     except Exception as e:  # a bug, not the input's fault: record it rather than hang the job

@@ -116,8 +116,11 @@ class Fleet:
             "WHISPERFLEET_WORKER_CONCURRENCY": "8",
             **{f"WHISPERFLEET_{k}": str(v) for k, v in {**FAST, **env}.items()},
         }
-        self.settings = Settings(
-            redis_url=redis_server.url, s3_endpoint_url=storage.url, s3_bucket=bucket
+        self.settings = Settings(  # the workers' settings, for this process's clients
+            redis_url=redis_server.url,
+            s3_endpoint_url=storage.url,
+            s3_bucket=bucket,
+            **{k.lower(): v for k, v in {**FAST, **env}.items()},
         )
         self.redis = redis.Redis.from_url(redis_server.url)
         self.store = JobStore(self.redis)
@@ -185,11 +188,18 @@ class Fleet:
                 lost += versions == 0
             elif record.status is JobStatus.failed:
                 failed += 1
+                print(f"job {job_id} failed: {record.error.code}: {record.error.message}")
             else:
                 lost += 1
         tally = Tally(len(ids), succeeded, failed, duplicates, lost)
         print(tally)
         return tally
+
+    def redeliver_overdue(self) -> None:
+        """What every worker's consumer does now and then: put messages unacked for longer
+        than the visibility timeout back on their queue (kombu's own code, run here now)."""
+        with self.app.connection_for_read() as connection:
+            connection.default_channel.qos.restore_visible(num=100, interval=1)
 
     def close(self) -> None:
         for proc in self.workers:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import io
 import signal
+import time
 
 import numpy as np
 import pytest
 
-from tests.faults.fleet import Fleet, RedisServer, StorageServer, speech
+from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +135,55 @@ def test_sigterm_during_a_batch_drains_without_loss_or_repeats(fleet, inputs):
     tally = fleet.tally(ids)
     assert (tally.succeeded, tally.duplicates, tally.lost) == (24, 0, 0)
     assert all(fleet.store.get(i).attempts == 1 for i in ids)  # nothing ran twice
+
+
+def test_a_job_longer_than_the_visibility_timeout_runs_once(tmp_path, storage_server, clips):
+    fleet = make_fleet(tmp_path, storage_server, VISIBILITY_TIMEOUT_S=2)
+    try:
+        [job] = [fleet.submit(long_speech(clips["en_jfk"].bytes, 20))]  # 220 s of speech
+        fleet.start_worker()
+        fleet.start_worker()
+        fleet.wait_until([job], RUNNING, 1, timeout=120)
+        time.sleep(3)  # past the visibility timeout, still running
+        assert fleet.store.get(job).status == "running"
+        fleet.redeliver_overdue()
+        fleet.wait_all([job])
+        tally = fleet.tally([job])
+        assert (tally.succeeded, tally.duplicates, tally.lost) == (1, 0, 0)
+        assert fleet.store.get(job).attempts == 1
+        assert "is running on" in fleet.logs()  # redelivered, and dropped: the lease held
+    finally:
+        fleet.close()
+        fleet.redis_server.close()
+
+
+@pytest.mark.parametrize(
+    "fsync, how", [("everysec", "restart_gracefully"), ("always", "restart_after_kill")]
+)
+def test_a_redis_restart_loses_no_accepted_job(tmp_path, storage_server, inputs, fsync, how):
+    fleet = make_fleet(tmp_path, storage_server, fsync)
+    try:
+        ids = submit_many(fleet, inputs, 16)
+        fleet.start_worker()
+        fleet.wait_until(ids, RUNNING, 1, timeout=120)
+        getattr(fleet.redis_server, how)()
+        ids += submit_many(fleet, inputs, 16)  # accepted after the restart
+        fleet.wait_all(ids)
+        tally = fleet.tally(ids)
+        assert (tally.succeeded, tally.duplicates, tally.lost) == (32, 0, 0)
+    finally:
+        fleet.close()
+        fleet.redis_server.close()
+        print(fleet.logs()[-4000:])
+
+
+def test_storage_frozen_for_30_s_delays_jobs_and_fails_none(fleet, storage_server, inputs):
+    ids = submit_many(fleet, inputs, 16)
+    fleet.start_worker()
+    fleet.wait_until(ids, RUNNING, 1, timeout=120)
+    storage_server.freeze()  # moto keeps objects in memory only: stopped, never restarted
+    time.sleep(30)
+    storage_server.thaw()
+    fleet.wait_all(ids)
+    tally = fleet.tally(ids)
+    assert (tally.succeeded, tally.failed, tally.duplicates, tally.lost) == (16, 0, 0, 0)
