@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import io
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,10 @@ class Stream:
         self.live: list[Submission] = []  # not done: urgent ones first, then by arrival
         self._done: list[Submission] = []  # done without a window to decode (empty input)
         self._waiting: list[tuple[Submission, Window]] = []
+        # host seconds spent admitting windows (log-mel, encoder, prefill) and in decode steps,
+        # and windows encoded; on CUDA the work is asynchronous and shows where the host waits
+        # for it (mostly in decode steps, which read their tokens back)
+        self.stats = {"encode_s": 0.0, "decode_s": 0.0, "windows": 0}
 
     @property
     def busy(self) -> bool:
@@ -249,11 +254,17 @@ class Stream:
     def step(self) -> list[tuple[Hashable, Transcription]]:
         sched = self.sched
         finished, self._done = self._done, []
+        start = time.perf_counter()
         sched.launch()  # the GPU decodes while the host admits ready windows
+        launched = time.perf_counter()
         self._admit()
+        admitted = time.perf_counter()
         if sched.n_live == 0 and self.live:
             raise RuntimeError("no window is ready, yet some inputs are not done")
-        for index, sequence, result in sched.collect():
+        collected = sched.collect()
+        self.stats["encode_s"] += admitted - launched
+        self.stats["decode_s"] += launched - start + time.perf_counter() - admitted
+        for index, sequence, result in collected:
             s, window = sequence.owner
             r, options = s.request, s.options
             retry = sequence.attempt + 1
@@ -284,6 +295,7 @@ class Stream:
         batch, waiting[:] = waiting[:room], waiting[room:]
         mels = torch.stack([w.mel for _, w in batch]).to(self.transcriber.loaded.dtype)
         rows = sched.encode(mels)
+        self.stats["windows"] += len(batch)
         if any(s.request.language is None for s, _ in batch):
             codes, probs = sched.detect_language(rows)
             for (s, _), code, prob in zip(batch, codes, probs, strict=True):

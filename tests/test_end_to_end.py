@@ -92,6 +92,26 @@ def test_several_jobs_in_flight_all_finish(api_url, english_clips):
     assert word_error_rate([c.reference for c in english_clips], texts) <= 0.10
 
 
+def test_the_worker_serves_prometheus_metrics(api_url, stack_env, clips):
+    url, _ = api_url
+    job = run_job(url, clips["en_jfk"].bytes, "jfk.flac")
+    assert job["status"] == "succeeded"
+    port = stack_env["WHISPERFLEET_METRICS_PORT"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("whisperfleet_")
+    }
+    assert values['whisperfleet_jobs_total{outcome="succeeded"}'] >= 1
+    assert values["whisperfleet_batch_inputs_count"] >= 1
+    assert values["whisperfleet_windows_encoded_total"] >= 1
+    assert values["whisperfleet_audio_seconds_total"] >= clips["en_jfk"].duration - 0.01
+    assert values['whisperfleet_engine_seconds_total{phase="decoder"}'] > 0
+    assert values['whisperfleet_queue_depth{queue="interactive"}'] == 0
+    assert 'whisperfleet_active_jobs{state="running"}' in values
+
+
 def _truncated_flac(clip) -> bytes:
     return clip.bytes[: len(clip.bytes) // 2]
 

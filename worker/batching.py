@@ -24,6 +24,7 @@ from engine.inputs import Prepared
 from engine.longform import TranscriptionOptions
 from engine.result import Transcription
 from engine.transcribe import Stream, Submission, Transcriber
+from worker import metrics
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +113,25 @@ class Batcher:
             try:
                 ready = self._ready()
                 if ready:
+                    metrics.BATCH.observe(len(ready))
                     stream.add(
                         [Submission(t, t.item, t.options, t.urgent, t._progress) for t in ready]
                     )
                 if stream.busy:
-                    for ticket, result in stream.step():
+                    before = dict(stream.stats)
+                    finished = stream.step()
+                    self._count(before, stream.stats)
+                    for ticket, result in finished:
+                        metrics.AUDIO_SECONDS.inc(result.duration)
                         ticket.future.set_result(result)
             except Exception as e:  # noqa: BLE001 - every input in flight gets the error
                 stream = self._fail(stream, ready, e)
+
+    @staticmethod
+    def _count(before: dict, after: dict) -> None:
+        metrics.ENGINE_SECONDS.labels("encoder").inc(after["encode_s"] - before["encode_s"])
+        metrics.ENGINE_SECONDS.labels("decoder").inc(after["decode_s"] - before["decode_s"])
+        metrics.WINDOWS.inc(after["windows"] - before["windows"])
 
     def _fail(self, stream: Stream, ready: list[Ticket], error: Exception) -> Stream:
         """Fail every input in flight with `error` and start a fresh stream."""

@@ -95,6 +95,7 @@ def _worker(args: argparse.Namespace) -> int:
     ensure_storage(settings, start=False)
     import threading
 
+    from worker import metrics
     from worker.dispatch import dispatch
     from worker.leases import Reconciler
     from worker.tasks import app, transcribe
@@ -108,6 +109,7 @@ def _worker(args: argparse.Namespace) -> int:
         settings.stale_after_s,
         settings.max_attempts,
     )
+    metrics.serve(settings.metrics_port, transcribe.store)
     stop = threading.Event()
     threading.Thread(
         target=reconciler.loop, args=(settings.reconcile_every_s, stop), daemon=True
@@ -139,8 +141,12 @@ def _supervise_gpus(gpus: list[str], concurrency: int | None) -> int:
     if concurrency:
         cli += ["--concurrency", str(concurrency)]
 
+    port = get_settings().metrics_port
+
     def start(gpu: str) -> subprocess.Popen:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        if port:
+            env["WHISPERFLEET_METRICS_PORT"] = str(port + gpus.index(gpu))
         return subprocess.Popen(cli, env=env)
 
     stopping = False

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     reconcile_every_s: float = 10.0
     stale_after_s: float = 60.0
     visibility_timeout_s: float = 3600.0
+    # Prometheus metrics of each worker process (0: off); `worker --gpus` gives the process
+    # of the i-th GPU this port + i
+    metrics_port: int = 9108
     cache_dir: Path = Field(default_factory=_default_cache_dir)
 
     @field_validator("models", mode="before")

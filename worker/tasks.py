@@ -29,6 +29,7 @@ from worker.engines import Engines, UnknownModel
 from worker.failpoints import failpoint
 from worker.jobs import TASK_NAME, TERMINAL, JobError, JobStatus, JobStore, Progress
 from worker.leases import Leases
+from worker.metrics import JOBS
 from worker.settings import get_settings
 from worker.storage import Storage
 
@@ -67,10 +68,12 @@ def transcribe(self: JobTask, job_id: str) -> None:
         return
     if record.status in TERMINAL:
         log.info("job %s is already %s; dropping this delivery", job_id, record.status)
+        JOBS.labels("dropped").inc()
         return
     if not self.leases.acquire(job_id):
         holder = self.leases.holder(job_id)
         log.info("job %s is running on %s; dropping this delivery", job_id, holder)
+        JOBS.labels("dropped").inc()
         return
     try:
         _run(self, job_id)
@@ -95,6 +98,7 @@ def _run(self: JobTask, job_id: str) -> None:
     def fail(code: str, message: str) -> None:
         log.info("job %s failed (%s): %s", job_id, code, message)
         self.store.transition(job_id, JobStatus.failed, error=JobError(code=code, message=message))
+        JOBS.labels("failed").inc()
 
     def on_wait(ticket: Ticket) -> None:
         """Every few seconds while the engine has the job: its progress (the heartbeat thread
@@ -130,6 +134,7 @@ def _run(self: JobTask, job_id: str) -> None:
         progress = Progress(done_s=result.duration, total_s=result.duration)
         self.store.transition(job_id, JobStatus.succeeded, progress=progress, error=None)
         log.info("job %s succeeded", job_id)
+        JOBS.labels("succeeded").inc()
         failpoint("before_ack")
     except TRANSIENT + (ClientError,) as e:
         if isinstance(e, ClientError) and e.response["Error"]["Code"] in ("NoSuchKey", "404"):
@@ -144,6 +149,7 @@ def _run(self: JobTask, job_id: str) -> None:
         if self.store.get(job_id).status is JobStatus.running:
             self.store.transition(job_id, JobStatus.queued)
         self.store.mark_sent(job_id)
+        JOBS.labels("retried").inc()
         raise self.retry(exc=e, countdown=countdown) from e
     except Exception as e:  # a bug, not the input's fault: record it rather than hang the job
         log.exception("job %s: unexpected error", job_id)

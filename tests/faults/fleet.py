@@ -27,7 +27,7 @@ from worker.settings import Settings
 from worker.storage import Storage
 
 # fast takeover, so a test waits seconds, not minutes
-FAST = {"LEASE_S": "3", "RECONCILE_EVERY_S": "0.5", "STALE_AFTER_S": "2"}
+FAST = {"LEASE_S": "3", "RECONCILE_EVERY_S": "0.5", "STALE_AFTER_S": "2", "METRICS_PORT": "0"}
 
 
 class RedisServer:

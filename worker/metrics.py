@@ -1,0 +1,81 @@
+"""Prometheus metrics of one worker process, served on `WHISPERFLEET_METRICS_PORT` (0: off).
+
+Counters and histograms are updated where things happen; queue depths, jobs by state (of the
+jobs not yet terminal) and GPU memory are read when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+
+import redis
+from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from worker.jobs import QUEUES, JobStore
+
+log = logging.getLogger(__name__)
+
+JOBS = Counter("whisperfleet_jobs", "Jobs this worker ended or handed on", ["outcome"])
+BATCH = Histogram(
+    "whisperfleet_batch_inputs",
+    "Inputs started together by a batcher",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+ENGINE_SECONDS = Counter(
+    "whisperfleet_engine_seconds",
+    "Host seconds in the engine: admitting windows (encoder) or in decode steps",
+    ["phase"],
+)
+WINDOWS = Counter("whisperfleet_windows_encoded", "30 s windows encoded")
+AUDIO_SECONDS = Counter(
+    "whisperfleet_audio_seconds", "Seconds of audio transcribed (rate: audio seconds per second)"
+)
+
+
+class _Scraped(Collector):
+    def __init__(self, store: JobStore):
+        self.store = store
+
+    def collect(self):
+        depth = GaugeMetricFamily("whisperfleet_queue_depth", "Messages waiting", labels=["queue"])
+        states = GaugeMetricFamily(
+            "whisperfleet_active_jobs", "Jobs not yet terminal, by state", labels=["state"]
+        )
+        try:
+            for name in QUEUES:
+                depth.add_metric([name], self.store.redis.llen(name))
+            ids = self.store.redis.zrange(self.store.active, 0, -1)
+            keys = [self.store._key(i.decode()) for i in ids]
+            records = self.store.redis.mget(keys) if keys else []
+            counts = Tally(
+                self.store.record(raw).status.value for raw in records if raw is not None
+            )
+            for state in ("queued", "running"):
+                states.add_metric([state], counts.get(state, 0))
+        except redis.RedisError as e:
+            log.warning("metrics: Redis unavailable (%s)", e)
+        yield depth
+        yield states
+        import torch  # the worker has it loaded already
+
+        if torch.cuda.is_available():
+            memory = GaugeMetricFamily(
+                "whisperfleet_gpu_memory_bytes", "GPU memory allocated", labels=["kind"]
+            )
+            memory.add_metric(["allocated"], torch.cuda.memory_allocated())
+            memory.add_metric(["peak"], torch.cuda.max_memory_allocated())
+            yield memory
+
+
+def serve(port: int, store: JobStore) -> None:
+    if not port:
+        return
+    REGISTRY.register(_Scraped(store))
+    try:
+        start_http_server(port)
+        log.info("metrics on http://0.0.0.0:%d/metrics", port)
+    except OSError as e:  # another worker on this host has the port: run without
+        log.warning("metrics: port %d unavailable (%s); not serving metrics", port, e)
