@@ -230,6 +230,7 @@ class Stream:
     def busy(self) -> bool:
         return bool(self.live or self._done)
 
+    @torch.inference_mode()
     def add(self, submissions: Sequence[Submission]) -> None:
         """Start these inputs; clips of up to 30 s get their log-mel in one pass."""
         t = self.transcriber
@@ -251,6 +252,7 @@ class Stream:
             else:
                 self.live.append(s)
 
+    @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, Transcription]]:
         sched = self.sched
         finished, self._done = self._done, []
