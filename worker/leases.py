@@ -13,15 +13,28 @@ after Redis's visibility timeout.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
 from collections.abc import Callable
 
 import redis
 
-from worker.jobs import TERMINAL, JobError, JobRecord, JobStatus, JobStore, TransitionError
+from worker.jobs import (
+    QUEUES,
+    TASK_NAME,
+    TERMINAL,
+    JobError,
+    JobRecord,
+    JobStatus,
+    JobStore,
+    TransitionError,
+)
 
 log = logging.getLogger(__name__)
+
+AUDIT_LIMIT = 20_000  # messages: queues up to this long are read to find lost messages
 
 # renew or drop a lease only if it is still ours
 _RENEW = (
@@ -81,6 +94,16 @@ class Leases:
                     break
 
 
+def _job_id(raw: bytes) -> str | None:
+    """The job id a queued Celery message (kombu's JSON, base64 body) carries."""
+    try:
+        message = json.loads(raw)
+        args, _, _ = json.loads(base64.b64decode(message["body"]))
+        return args[0] if message["headers"].get("task") == TASK_NAME else None
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
 class Reconciler:
     def __init__(
         self,
@@ -96,16 +119,21 @@ class Reconciler:
     def run_once(self) -> dict[str, int]:
         """Look at the active jobs not looked at for `stale_after_s`; counts of what was done."""
         done = {"requeued": 0, "resent": 0, "poison": 0}
+        waiting: set[str] | None = None  # read once, when first needed
         for job_id in self.store.stale(self.stale_after_s):
             record = self.store.get(job_id)
             if record is None or record.status in TERMINAL:
                 self.store.redis.zrem(self.store.active, job_id)
                 continue
-            if self.leases.holder(job_id) is not None or (
-                record.status is JobStatus.queued and self.store.is_sent(job_id)
-            ):
-                self.store.touch(job_id)  # someone runs it, or its message waits in a queue
+            if self.leases.holder(job_id) is not None:
+                self.store.touch(job_id)  # someone runs it
                 continue
+            if record.status is JobStatus.queued and self.store.is_sent(job_id):
+                if waiting is None:
+                    waiting = self._waiting()
+                if waiting is None or job_id in waiting:
+                    self.store.touch(job_id)  # its message waits in a queue
+                    continue
             try:
                 if record.status is JobStatus.running and record.attempts >= self.max_attempts:
                     reason = f"the job was started {record.attempts} times without finishing"
@@ -131,6 +159,16 @@ class Reconciler:
             )
             self.send(record)
         return done
+
+    def _waiting(self) -> set[str] | None:
+        """The jobs whose message is in a queue, read from the queues themselves; None when
+        they are too long to read (then a sent mark is trusted). A mark alone can outlive its
+        message: a worker killed between taking a message and recording that it did leaves
+        the mark, and the message in Redis's unacked set until the visibility timeout."""
+        r = self.store.redis
+        if sum(r.llen(q) for q in QUEUES) > AUDIT_LIMIT:
+            return None
+        return {_job_id(raw) for q in QUEUES for raw in r.lrange(q, 0, -1)} - {None}
 
     def loop(self, every_s: float, stop: threading.Event) -> None:
         """Run `run_once` every `every_s` while this worker holds the reconciler's lock."""

@@ -18,6 +18,7 @@ from functools import cached_property
 import redis
 from botocore.exceptions import BotoCoreError, ClientError
 from celery import Task
+from celery.signals import task_received
 from celery.utils.log import get_task_logger
 
 from engine.audio import AudioError
@@ -59,9 +60,21 @@ class JobTask(Task):
         return Engines(get_settings())
 
 
+@task_received.connect
+def _received(request, **_: object) -> None:
+    """A worker took the message off its queue: its job is no longer waiting there. Cleared
+    here, not when the task starts, so a worker that dies holding messages it has not started
+    (they sit in Redis's unacked set until the visibility timeout) leaves their jobs to the
+    reconciler."""
+    if request.name == TASK_NAME:
+        try:
+            transcribe.store.mark_received(request.args[0])
+        except redis.RedisError as e:
+            log.warning("job %s: receipt not recorded (%s)", request.args[0], e)
+
+
 @app.task(bind=True, base=JobTask, name=TASK_NAME, max_retries=8)
 def transcribe(self: JobTask, job_id: str) -> None:
-    self.store.mark_received(job_id)
     record = self.store.get(job_id)
     if record is None:
         log.warning("job %s has no record; dropping its message", job_id)

@@ -132,11 +132,11 @@ class Fleet:
         self.app = create_app(self.settings)
         self.workers: list[subprocess.Popen] = []
 
-    def start_worker(self, failpoint: str | None = None) -> subprocess.Popen:
+    def start_worker(self, failpoint: str | None = None, *args: str) -> subprocess.Popen:
         env = {**self.env, "WHISPERFLEET_FAILPOINT": failpoint or ""}
         log = open(self.folder / f"worker-{len(self.workers)}.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker"], env=env, stdout=log, stderr=log
+            [sys.executable, "-m", "worker.cli", "worker", *args], env=env, stdout=log, stderr=log
         )
         self.workers.append(proc)
         return proc
@@ -169,7 +169,21 @@ class Fleet:
             except redis.ConnectionError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"fewer than {count} jobs reached {statuses} in {timeout} s")
+        stuck = [
+            (
+                i,
+                r.status.value,
+                r.attempts,
+                self.store.is_sent(i),
+                self.redis.get(f"whisperfleet:lease:{i}"),
+            )
+            for i, r in zip(ids, (self.store.get(i) for i in ids), strict=True)
+            if r.status not in statuses
+        ]
+        raise TimeoutError(
+            f"fewer than {count} jobs reached {statuses} in {timeout} s; "
+            f"(job, status, attempts, sent mark, lease) of the others: {stuck}"
+        )
 
     def wait_all(self, ids: list[str], timeout: float = 240) -> None:
         self.wait_until(ids, set(TERMINAL), len(ids), timeout)

@@ -9,6 +9,7 @@ import signal
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
@@ -187,3 +188,33 @@ def test_storage_frozen_for_30_s_delays_jobs_and_fails_none(fleet, storage_serve
     fleet.wait_all(ids)
     tally = fleet.tally(ids)
     assert (tally.succeeded, tally.failed, tally.duplicates, tally.lost) == (16, 0, 0, 0)
+
+
+def test_one_worker_per_gpu_and_a_dead_one_is_started_again(fleet, inputs):
+    supervisor = fleet.start_worker(None, "--gpus", "0,1")
+    try:
+
+        def workers() -> list[psutil.Process]:
+            return psutil.Process(supervisor.pid).children()
+
+        deadline = time.monotonic() + 60
+        while len(workers()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first = workers()
+        assert len(first) == 2
+        first[0].kill()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = {p.pid for p in workers()}
+            if len(pids) == 2 and first[0].pid not in pids:
+                break
+            time.sleep(0.2)
+        assert len(pids) == 2 and first[0].pid not in pids and first[1].pid in pids
+        ids = submit_many(fleet, inputs, 8)
+        fleet.wait_all(ids)
+        tally = fleet.tally(ids)
+        assert (tally.succeeded, tally.duplicates, tally.lost) == (8, 0, 0)
+    finally:
+        supervisor.terminate()  # drains both workers
+        assert supervisor.wait(timeout=120) == 0
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in first[1:])

@@ -6,6 +6,8 @@ import pytest
 import redis
 
 from tests.worker.test_jobs import record
+from worker.app import create_app
+from worker.dispatch import dispatch
 from worker.jobs import JobStatus, JobStore
 from worker.leases import Leases, Reconciler
 
@@ -31,30 +33,31 @@ def test_a_lease_is_held_by_one_worker_renewed_by_it_and_lapses(store):
     assert b.holder("job") is None
 
 
-def test_the_reconciler_takes_over_only_jobs_nobody_runs(store):
+def test_the_reconciler_takes_over_only_jobs_nobody_runs(store, settings):
     sent = []
     leases = Leases(store.redis, "me", ttl_s=30)
     reconciler = Reconciler(store, leases, sent.append, stale_after_s=0, max_attempts=3)
-    orphan, leased, waiting, lost, poison, done = (record() for _ in range(6))
-    for r in (orphan, leased, waiting, lost, poison, done):
+    orphan, leased, waiting, lost, taken, poison, done = (record() for _ in range(7))
+    for r in (orphan, leased, waiting, lost, taken, poison, done):
         store.create(r)
+    dispatch(create_app(settings), store, waiting)  # a real message, in its queue
+    store.mark_sent(taken.id)  # marked, but its message was taken by a worker that died
     for r in (orphan, leased, poison, done):
         store.transition(r.id, JobStatus.running, worker="dead")
     for _ in range(2):  # poison: started three times in all
         store.transition(poison.id, JobStatus.running, worker="dead")
     assert Leases(store.redis, "alive", ttl_s=30).acquire(leased.id)
-    store.mark_sent(waiting.id)  # its message waits in a queue
     store.transition(done.id, JobStatus.succeeded)
 
     counts = reconciler.run_once()
-    assert counts == {"requeued": 1, "resent": 1, "poison": 1}
-    assert sorted(r.id for r in sent) == sorted([orphan.id, lost.id])
+    assert counts == {"requeued": 1, "resent": 2, "poison": 1}
+    assert sorted(r.id for r in sent) == sorted([orphan.id, lost.id, taken.id])
     assert store.get(orphan.id).status is JobStatus.queued
     assert store.get(leased.id).status is JobStatus.running
     assert store.get(poison.id).status is JobStatus.failed
     assert store.get(poison.id).error.code == "poison"
     assert store.get(waiting.id).status is JobStatus.queued
-    assert set(store.stale(0)) == {orphan.id, leased.id, waiting.id, lost.id}
+    assert set(store.stale(0)) == {orphan.id, leased.id, waiting.id, lost.id, taken.id}
 
 
 def test_only_jobs_left_alone_for_a_while_are_looked_at(store):
