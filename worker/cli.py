@@ -95,11 +95,15 @@ def _worker(args: argparse.Namespace) -> int:
     ensure_storage(settings, start=False)
     import threading
 
-    from worker import metrics
+    from celery.signals import setup_logging
+
+    from worker import logs, metrics
     from worker.dispatch import dispatch
     from worker.leases import Reconciler
     from worker.tasks import app, transcribe
 
+    logs.configure(settings.log_format)
+    setup_logging.connect(lambda **_: logs.configure(settings.log_format), weak=False)
     # Load (and on first use convert) the default model before taking jobs.
     transcribe.engines.get(settings.default_model)
     reconciler = Reconciler(

@@ -70,6 +70,7 @@ class Settings(BaseSettings):
     # Prometheus metrics of each worker process (0: off); `worker --gpus` gives the process
     # of the i-th GPU this port + i
     metrics_port: int = 9108
+    log_format: Literal["text", "json"] = "text"  # worker log lines; each names its job
     cache_dir: Path = Field(default_factory=_default_cache_dir)
 
     @field_validator("models", mode="before")

@@ -30,6 +30,7 @@ from worker.engines import Engines, UnknownModel
 from worker.failpoints import failpoint
 from worker.jobs import TASK_NAME, TERMINAL, JobError, JobStatus, JobStore, Progress
 from worker.leases import Leases
+from worker.logs import current_job
 from worker.metrics import JOBS
 from worker.settings import get_settings
 from worker.storage import Storage
@@ -75,6 +76,7 @@ def _received(request, **_: object) -> None:
 
 @app.task(bind=True, base=JobTask, name=TASK_NAME, max_retries=8)
 def transcribe(self: JobTask, job_id: str) -> None:
+    current_job.set(job_id)  # every log line of this thread names the job
     record = self.store.get(job_id)
     if record is None:
         log.warning("job %s has no record; dropping its message", job_id)

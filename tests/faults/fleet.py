@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import redis
 import soundfile as sf
 
@@ -218,6 +219,8 @@ class Fleet:
     def close(self) -> None:
         for proc in self.workers:
             if proc.poll() is None:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()  # a supervisor's workers
                 proc.kill()
                 proc.wait()
 
