@@ -113,7 +113,7 @@ def _worker(args: argparse.Namespace) -> int:
         settings.stale_after_s,
         settings.max_attempts,
     )
-    metrics.serve(settings.metrics_port, transcribe.store)
+    metrics.serve(settings.metrics_port, transcribe.store, transcribe.leases.held)
     stop = threading.Event()
     threading.Thread(
         target=reconciler.loop, args=(settings.reconcile_every_s, stop), daemon=True

@@ -164,11 +164,7 @@ class JobStore:
 
     def get(self, job_id: str) -> JobRecord | None:
         raw = self.redis.get(self._key(job_id))
-        return self.record(raw) if raw is not None else None
-
-    @staticmethod
-    def record(raw: bytes) -> JobRecord:
-        return JobRecord.model_validate_json(raw)
+        return JobRecord.model_validate_json(raw) if raw is not None else None
 
     def _update(self, job_id: str, change) -> JobRecord:
         """Apply `change(record) -> record` as a compare-and-set on the stored record."""

@@ -34,7 +34,7 @@ from worker.jobs import (
 
 log = logging.getLogger(__name__)
 
-AUDIT_LIMIT = 20_000  # messages: queues up to this long are read to find lost messages
+AUDIT_LIMIT = 5_000  # messages: queues up to this long are read to find lost messages
 
 # renew or drop a lease only if it is still ours
 _RENEW = (

@@ -1,13 +1,12 @@
 """Prometheus metrics of one worker process, served on `WHISPERFLEET_METRICS_PORT` (0: off).
 
-Counters and histograms are updated where things happen; queue depths, jobs by state (of the
-jobs not yet terminal) and GPU memory are read when Prometheus scrapes.
+Counters and histograms are updated where things happen; queue depths, the jobs not yet
+terminal, the jobs this worker runs and GPU memory are read when Prometheus scrapes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter as Tally
 
 import redis
 from prometheus_client import Counter, Histogram, start_http_server
@@ -36,29 +35,24 @@ AUDIO_SECONDS = Counter(
 
 
 class _Scraped(Collector):
-    def __init__(self, store: JobStore):
-        self.store = store
+    def __init__(self, store: JobStore, held: set[str]):
+        self.store, self.held = store, held
 
     def collect(self):
         depth = GaugeMetricFamily("whisperfleet_queue_depth", "Messages waiting", labels=["queue"])
-        states = GaugeMetricFamily(
-            "whisperfleet_active_jobs", "Jobs not yet terminal, by state", labels=["state"]
-        )
+        active = GaugeMetricFamily("whisperfleet_active_jobs", "Jobs not yet terminal (fleet)")
         try:
             for name in QUEUES:
                 depth.add_metric([name], self.store.redis.llen(name))
-            ids = self.store.redis.zrange(self.store.active, 0, -1)
-            keys = [self.store._key(i.decode()) for i in ids]
-            records = self.store.redis.mget(keys) if keys else []
-            counts = Tally(
-                self.store.record(raw).status.value for raw in records if raw is not None
-            )
-            for state in ("queued", "running"):
-                states.add_metric([state], counts.get(state, 0))
+            active.add_metric([], self.store.redis.zcard(self.store.active))
         except redis.RedisError as e:
             log.warning("metrics: Redis unavailable (%s)", e)
         yield depth
-        yield states
+        yield active
+        yield GaugeMetricFamily(
+            "whisperfleet_running_jobs", "Jobs this worker runs (holds the lease of)",
+            value=len(self.held),
+        )  # fmt: skip
         import torch  # the worker has it loaded already
 
         if torch.cuda.is_available():
@@ -70,10 +64,11 @@ class _Scraped(Collector):
             yield memory
 
 
-def serve(port: int, store: JobStore) -> None:
+def serve(port: int, store: JobStore, held: set[str]) -> None:
+    """held: the ids of the jobs whose lease this worker holds."""
     if not port:
         return
-    REGISTRY.register(_Scraped(store))
+    REGISTRY.register(_Scraped(store, held))
     try:
         start_http_server(port)
         log.info("metrics on http://0.0.0.0:%d/metrics", port)
