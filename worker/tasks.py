@@ -109,6 +109,7 @@ def _run(self: JobTask, job_id: str) -> None:
         return
     record = self.store.transition(job_id, JobStatus.running, worker=WORKER_ID)
     log.info("job %s started (attempt %d)", job_id, record.attempts)
+    failpoint("after_start")
 
     def fail(code: str, message: str) -> None:
         log.info("job %s failed (%s): %s", job_id, code, message)

@@ -220,3 +220,24 @@ def test_one_worker_per_gpu_and_a_dead_one_is_started_again(fleet, inputs):
         supervisor.terminate()  # drains both workers
         assert supervisor.wait(timeout=120) == 0
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in first[1:])
+
+
+def test_a_job_that_kills_its_worker_every_time_is_failed_as_poison(
+    tmp_path, storage_server, inputs
+):
+    """Every start of the job kills the worker (failpoint `after_start`); its supervisor
+    starts a new one, which takes the job over when the lease lapses, until the job has been
+    started MAX_ATTEMPTS times."""
+    fleet = make_fleet(tmp_path, storage_server, MAX_ATTEMPTS=3)
+    try:
+        [job] = submit_many(fleet, inputs, 1)
+        fleet.start_worker("after_start", "--gpus", "0")
+        fleet.wait_all([job], timeout=180)
+        tally = fleet.tally([job])
+        assert (tally.failed, tally.lost) == (1, 0)
+        record = fleet.store.get(job)
+        assert record.error.code == "poison" and record.attempts == 3
+        assert fleet.logs().count("restarting it") == 3  # each start killed a worker
+    finally:
+        fleet.close()
+        fleet.redis_server.close()
