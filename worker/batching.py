@@ -31,6 +31,17 @@ log = logging.getLogger(__name__)
 CUDA_FAULT_EXIT = 70  # the process's exit status after a CUDA fault; its supervisor restarts it
 
 
+def _device_fault(error: Exception) -> bool:
+    """An error of the GPU itself (a device-side assert, an illegal address, a failed CUDA or
+    library call), after which its context cannot be trusted; not running out of memory."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    if isinstance(error, getattr(torch, "AcceleratorError", ())):
+        return True
+    words = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "device-side assert")
+    return isinstance(error, RuntimeError) and any(w in str(error) for w in words)
+
+
 class EngineFailed(RuntimeError):
     """The engine failed while this input was in flight; the input itself may be fine.
     `retry`: whether running it again can succeed (false: out of memory at one slot)."""
@@ -136,8 +147,7 @@ class Batcher:
     def _fail(self, stream: Stream, ready: list[Ticket], error: Exception) -> Stream:
         """Fail every input in flight with `error` and start a fresh stream."""
         t = self.transcriber
-        cuda = t.loaded.device.type == "cuda"
-        if cuda and not isinstance(error, torch.OutOfMemoryError):
+        if _device_fault(error):
             # the CUDA context may be unusable: end the process; its supervisor starts a new
             # one and the jobs in flight are taken over when their leases lapse
             log.critical("engine fault on the GPU, exiting: %r", error, exc_info=error)

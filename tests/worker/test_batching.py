@@ -3,11 +3,12 @@
 import threading
 
 import pytest
+import torch
 
 from engine.longform import TranscriptionOptions
 from engine.scheduler import Scheduler
 from engine.transcribe import Transcriber
-from worker.batching import Batcher
+from worker.batching import Batcher, _device_fault
 
 
 @pytest.fixture
@@ -51,3 +52,18 @@ def test_a_lone_input_starts_after_the_short_wait(tiny_en, clips, encoded):
     item = batcher.transcriber.prepare(clips["en_jfk"].bytes)
     result = batcher.submit(item, options, urgent=False).future.result(timeout=60)
     assert "ask not" in result.text.lower() and encoded == [1]
+
+
+@pytest.mark.parametrize(
+    "error, fault",
+    [
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), True),
+        (RuntimeError("CUDA error: device-side assert triggered"), True),
+        (RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx"), True),
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+        (RuntimeError("no window is ready, yet some inputs are not done"), False),
+        (ValueError("seek 3000 is behind frame 6000"), False),
+    ],
+)
+def test_only_faults_of_the_gpu_itself_end_the_process(error, fault):
+    assert _device_fault(error) is fault
