@@ -120,7 +120,7 @@ class _StreamedMel(MelSource):
 
 
 def open_audio(audio: Audio | np.ndarray, n_mels: int, device: torch.device) -> Prepared:
-    """Decoded audio (or 16 kHz samples): the samples of up to 30 s, for `held_sources`, or a
+    """Decoded audio (or 16 kHz samples): the samples of up to 30 s, for `sources`, or a
     streamed source of longer audio (as the extractor with `truncation=False`). Which one is
     found by decoding at most 30 s (files do not always say how long they are)."""
     if isinstance(audio, np.ndarray):
@@ -136,29 +136,27 @@ def open_audio(audio: Audio | np.ndarray, n_mels: int, device: torch.device) -> 
     return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
 
-def held_sources(clips: Sequence[np.ndarray], n_mels: int, device: torch.device) -> list[MelSource]:
-    """Clips of up to 30 s, each zero-padded to 30 s as `WhisperFeatureExtractor` does by
-    default, with their log-mel computed together: one copy to the device, one pass, one wait
-    for their floors."""
-    if not clips:
-        return []
-    mels = log_mel_spectrogram(_to_device(list(clips), device), n_mels)
-    floors = _floor(mels).tolist()
-    return [
-        _HeldMel(mel, len(x) // HOP_LENGTH, floor, len(x) / SAMPLE_RATE)
-        for x, mel, floor in zip(clips, mels, floors, strict=True)
-    ]
+def sources(prepared: Sequence[Prepared], n_mels: int, device: torch.device) -> list[MelSource]:
+    """Prepared inputs as windows. The clips of up to 30 s among them, each zero-padded to
+    30 s as `WhisperFeatureExtractor` does by default, get their log-mel together: one copy to
+    the device, one pass, one wait for their floors."""
+    clips = [x for x in prepared if isinstance(x, np.ndarray)]
+    held: Iterator[MelSource] = iter(())
+    if clips:
+        mels = log_mel_spectrogram(_to_device(clips, device), n_mels)
+        floors = _floor(mels).tolist()
+        held = (
+            _HeldMel(mel, len(x) // HOP_LENGTH, floor, len(x) / SAMPLE_RATE)
+            for x, mel, floor in zip(clips, mels, floors, strict=True)
+        )
+    return [next(held) if isinstance(x, np.ndarray) else x for x in prepared]
 
 
 def audio_sources(
     items: Sequence[Audio | np.ndarray], n_mels: int, device: torch.device
 ) -> list[MelSource]:
-    """Decoded audio (or 16 kHz samples) as windows: `open_audio`, then `held_sources` for all
-    the clips of up to 30 s together."""
-    opened = [open_audio(a, n_mels, device) for a in items]
-    clips = [x for x in opened if isinstance(x, np.ndarray)]
-    held = iter(held_sources(clips, n_mels, device))
-    return [next(held) if isinstance(x, np.ndarray) else x for x in opened]
+    """Decoded audio (or 16 kHz samples) as windows: `open_audio`, then `sources`."""
+    return sources([open_audio(a, n_mels, device) for a in items], n_mels, device)
 
 
 def _to_device(clips: list[np.ndarray], device: torch.device) -> torch.Tensor:

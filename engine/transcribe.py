@@ -26,8 +26,8 @@ from engine.inputs import (
     MAX_SPECTROGRAM_FRAMES,
     Prepared,
     SpectrogramError,
-    held_sources,
     open_audio,
+    sources,
     spectrogram_source,
 )
 from engine.loader import LoadedModel, load_model
@@ -238,12 +238,9 @@ class Stream:
             rules, max_prompt = t._key(s.options)
             if rules != self.rules or max_prompt > self.sched.max_prompt:
                 raise OptionsError("these options need other decoding rules than the stream's")
-        samples = [s for s in submissions if isinstance(s.item, np.ndarray)]
-        opened = held_sources([s.item for s in samples], t.loaded.dims.n_mels, t.loaded.device)
-        sources = dict(zip(map(id, samples), opened, strict=True))
-        for s in submissions:
+        opened = sources([s.item for s in submissions], t.loaded.dims.n_mels, t.loaded.device)
+        for s, source in zip(submissions, opened, strict=True):
             kind = SequentialRequest if s.options.mode == "sequential" else ChunkedRequest
-            source = sources.get(id(s), s.item)
             s.request = kind(source, s.options, t.loaded.tokenizer)
             if s.request.done:
                 self._done.append(s)
