@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start the local stack, submit a real speech clip through the REST API, poll, print the text.
-# Needs `whisperfleet` on PATH (pip install -e .), curl, and Redis (started if installed).
+# Needs `whisperfleet` on PATH (pip install -e '.[engine]'), curl, and Redis (started if installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-8000}

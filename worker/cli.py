@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -15,6 +16,9 @@ from pathlib import Path
 
 from worker.formats import WRITERS
 from worker.settings import get_settings
+
+# What the `engine` extra installs; only `api` runs without it.
+ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "av", "tqdm", "jiwer", "moto")
 
 
 def _stack(args: argparse.Namespace) -> int:
@@ -87,7 +91,7 @@ def _api(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     if args.gpus:
-        return _supervise_gpus(args.gpus.split(","), args.concurrency)
+        return _supervise_gpus(_gpu_list(args.gpus), args.concurrency)
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
@@ -136,6 +140,22 @@ def _worker(args: argparse.Namespace) -> int:
     )
     stop.set()
     return 0
+
+
+def _gpu_list(spec: str) -> list[str]:
+    """`0,1` as given; `all` counts the GPUs in a child process, so that this one, which forks
+    the workers, never initialises CUDA."""
+    if spec != "all":
+        return spec.split(",")
+    count = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    if int(count) == 0:
+        raise SystemExit("whisperfleet: --gpus all, but no GPU is visible")
+    return [str(i) for i in range(int(count))]
 
 
 def _supervise_gpus(gpus: list[str], concurrency: int | None) -> int:
@@ -310,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("worker", help="one worker process (one per GPU)")
     p.add_argument("--concurrency", type=int, help="jobs in flight (default from settings)")
-    p.add_argument("--gpus", help="e.g. 0,1: one worker process per GPU, each restarted if it dies")
+    p.add_argument(
+        "--gpus",
+        help="0,1 or all: one worker process per GPU, each restarted if it dies",
+    )
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("transcribe", help="transcribe files here, without the queue")
@@ -363,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    missing = [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
+    if args.command != "api" and missing:
+        raise SystemExit(
+            f"whisperfleet {args.command} runs the engine, which needs {', '.join(missing)}: "
+            "pip install 'whisperfleet[engine]' (torch first: see the README)"
+        )
     return args.func(args)
 
 

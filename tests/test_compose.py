@@ -1,0 +1,39 @@
+"""compose.yaml: every service comes back when it dies, and whisperfleet's services get settings
+it reads (an unknown WHISPERFLEET_ variable would be ignored silently) and the storage's keys."""
+
+from pathlib import Path
+
+import yaml
+
+from worker.settings import Settings
+
+SERVICES = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())["services"]
+
+
+def test_every_service_is_restarted_when_it_dies():
+    for name, service in SERVICES.items():
+        assert service.get("restart") in ("always", "unless-stopped"), name
+
+
+def test_whisperfleet_services_get_settings_it_reads():
+    known = {f"WHISPERFLEET_{name.upper()}" for name in Settings.model_fields}
+    for name in ("api", "worker", "worker-cpu"):
+        env = SERVICES[name]["environment"]
+        assert set(env) <= known, f"{name}: {sorted(set(env) - known)}"
+        assert env["WHISPERFLEET_REDIS_URL"] == "redis://redis:6379/0"
+        assert env["WHISPERFLEET_S3_ENDPOINT_URL"].startswith("http://storage:")
+
+
+def test_storage_keys_are_the_ones_whisperfleet_uses():
+    storage = SERVICES["storage"]["environment"]
+    for name in ("api", "worker", "worker-cpu"):
+        env = SERVICES[name]["environment"]
+        assert env["WHISPERFLEET_S3_ACCESS_KEY_ID"] == storage["AWS_ACCESS_KEY_ID"]
+        assert env["WHISPERFLEET_S3_SECRET_ACCESS_KEY"] == storage["AWS_SECRET_ACCESS_KEY"]
+
+
+def test_the_gpu_worker_asks_for_gpus_and_the_cpu_one_runs_only_on_request():
+    devices = SERVICES["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert "deploy" not in SERVICES["worker-cpu"]
+    assert SERVICES["worker-cpu"]["profiles"] == ["cpu"]
