@@ -1,5 +1,7 @@
 """Micro-batching: jobs on many threads share the engine's batches; a lone one is not held."""
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -8,7 +10,7 @@ import torch
 from engine.longform import TranscriptionOptions
 from engine.scheduler import Scheduler
 from engine.transcribe import Transcriber
-from worker.batching import Batcher, _device_fault
+from worker.batching import CUDA_FAULT_EXIT, Batcher, _device_fault
 
 
 @pytest.fixture
@@ -67,3 +69,43 @@ def test_a_lone_input_starts_after_the_short_wait(tiny_en, clips, encoded):
 )
 def test_only_faults_of_the_gpu_itself_end_the_process(error, fault):
     assert _device_fault(error) is fault
+
+
+# Batch-mates of a job that faults the GPU in a decode step: a device-side assert from an index
+# past the end, seen on the next synchronisation, as the real faults are.
+FAULT_MID_BATCH = """
+import sys, torch
+from engine.longform import TranscriptionOptions
+from engine.transcribe import Stream, Transcriber
+from worker.batching import Batcher
+
+step = Stream.step
+def faulty_step(self):
+    finished = step(self)
+    torch.arange(4, device="cuda")[torch.tensor([9], device="cuda")].item()
+    return finished
+Stream.step = faulty_step
+
+transcriber = Transcriber.load("tiny.en", device="cuda")
+batcher = Batcher(transcriber, batch_size=len(sys.argv) - 1, max_wait_s=1.0)
+options = TranscriptionOptions().verified(transcriber.loaded.tokenizer)
+items = [transcriber.prepare(open(path, "rb").read()) for path in sys.argv[1:]]
+tickets = [batcher.submit(item, options, urgent=True) for item in items]
+print([ticket.future.result(timeout=300).text for ticket in tickets])
+"""
+
+
+@pytest.mark.requires_cuda
+def test_a_real_cuda_fault_with_inputs_in_flight_ends_the_process(clips):
+    """The process exits with CUDA_FAULT_EXIT (its supervisor starts a new one; the jobs are
+    taken over by lease) instead of answering its batch-mates from a broken CUDA context."""
+    paths = [str(clips[name].path) for name in ("en_jfk", "en_ljspeech_LJ050-0131")]
+    result = subprocess.run(
+        [sys.executable, "-c", FAULT_MID_BATCH, *paths],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == CUDA_FAULT_EXIT, result.stderr[-3000:]
+    assert "engine fault on the GPU, exiting" in result.stderr
+    assert result.stdout == ""
