@@ -90,7 +90,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    """moto's S3 server as a real HTTP endpoint, in its own process."""
+    """moto's S3 server as a real HTTP endpoint, in its own process; or another S3 store named
+    by WHISPERFLEET_TEST_S3_ENDPOINT_URL (keys: the settings' defaults), to test against it."""
+    if url := os.environ.get("WHISPERFLEET_TEST_S3_ENDPOINT_URL"):
+        yield url
+        return
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
