@@ -172,7 +172,9 @@ class Scheduler:
         """Capture `fn` into a graph sharing one memory pool.
 
         The warm-up runs that capture needs really execute; the decode state they advance is
-        put back afterwards, so capturing mid-stream changes no sequence.
+        put back afterwards, so capturing mid-stream changes no sequence. Other threads may use
+        the GPU meanwhile (a worker's job threads take a first pass over long audio there), so
+        only this thread's own unsafe calls may break the capture ("thread_local").
         """
         saved = [t.clone() for t in self._per_slot]
         stream = torch.cuda.Stream()
@@ -182,7 +184,7 @@ class Scheduler:
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             fn()
         self._pool = graph.pool()
         for t, s in zip(self._per_slot, saved, strict=True):

@@ -109,3 +109,51 @@ def test_a_real_cuda_fault_with_inputs_in_flight_ends_the_process(clips):
     assert result.returncode == CUDA_FAULT_EXIT, result.stderr[-3000:]
     assert "engine fault on the GPU, exiting" in result.stderr
     assert result.stdout == ""
+
+
+# Jobs arriving a few at a time, so that the batcher captures graphs for new batch sizes, while
+# other job threads open long audio (3 min), whose first pass runs on the GPU in their thread.
+MANY_THREADS = """
+import sys, threading, time
+import numpy as np
+from engine.longform import TranscriptionOptions
+from engine.transcribe import Transcriber
+from worker.batching import Batcher
+
+transcriber = Transcriber.load("tiny.en", device="cuda")
+batcher = Batcher(transcriber, batch_size=4, max_wait_s=0.01)
+options = TranscriptionOptions().verified(transcriber.loaded.tokenizer)
+clip = transcriber.prepare(open(sys.argv[1], "rb").read())
+done = threading.Event()
+texts = [None] * 32
+
+def open_long_audio():
+    while not done.is_set():
+        transcriber.prepare(np.tile(clip, 16))
+
+def job(i):
+    time.sleep(0.01 * i)
+    item = transcriber.prepare(clip)
+    texts[i] = batcher.submit(item, options, urgent=False).future.result(timeout=300).text
+
+openers = [threading.Thread(target=open_long_audio) for _ in range(4)]
+jobs = [threading.Thread(target=job, args=(i,)) for i in range(len(texts))]
+for thread in openers + jobs:
+    thread.start()
+for thread in jobs:
+    thread.join()
+done.set()
+print(sum("ask not what your country" in text.lower() for text in texts if text))
+"""
+
+
+@pytest.mark.requires_cuda
+def test_graphs_are_captured_while_job_threads_use_the_gpu(clips):
+    result = subprocess.run(
+        [sys.executable, "-c", MANY_THREADS, str(clips["en_jfk"].path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["32"]
