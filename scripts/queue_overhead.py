@@ -2,13 +2,15 @@
 Redis, a real worker process and S3 storage, on the same device.
 
     python scripts/queue_overhead.py [--manifest ../shared/audio/dev/manifest.jsonl]
-        [--model tiny.en] [--device cpu] [--repeat 2]
+        [--model tiny.en] [--device cpu] [--repeat 2] [--copies 1]
 
 Direct: `Transcriber.transcribe_batch` over every clip at once (the engine's own continuous
 batching, nothing else). Queue: a Redis and moto's S3 server of its own (fresh ports), one
-`whisperfleet worker` process, each clip uploaded and dispatched as the API does; timed from
-the first upload to the last terminal record, after one warm-up job. Ratio: direct seconds
-over queue seconds (1.0: the queue path costs nothing).
+`whisperfleet worker` process, each clip uploaded and dispatched as the API does, from 16
+threads as from many clients; timed from the first upload to the last terminal record, after
+one warm-up job. `--copies N` runs each clip N times (a GPU needs more work than the dev set
+to reach its pace). Ratio: direct seconds over queue seconds (1.0: the queue path costs
+nothing).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import redis
@@ -83,7 +86,8 @@ def through_queue(settings: Settings, env: dict, clips: list[bytes]) -> tuple[fl
         wait([submit(clips[0])])  # warm-up: the worker has loaded its model and taken a job
         start = time.perf_counter()
         with tqdm(total=len(clips), unit="job", desc="queue", file=sys.stderr) as bar:
-            ids = [submit(c) for c in clips]
+            with ThreadPoolExecutor(16) as pool:
+                ids = list(pool.map(submit, clips))
             wait(ids, bar)
         seconds = time.perf_counter() - start
         succeeded = sum(store.get(i).status is JobStatus.succeeded for i in ids)
@@ -99,10 +103,11 @@ def main() -> None:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=2, help="best of this many runs each")
+    parser.add_argument("--copies", type=int, default=1, help="jobs per clip")
     args = parser.parse_args()
     entries = read_manifest(Path(args.manifest))
-    clips = [e.path.read_bytes() for e in entries]
-    audio_s = sum(e.seconds for e in entries)
+    clips = [e.path.read_bytes() for e in entries] * args.copies
+    audio_s = sum(e.seconds for e in entries) * args.copies
 
     settings = Settings(
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
