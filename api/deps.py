@@ -8,8 +8,8 @@ from celery import Celery
 from fastapi import Depends, Request
 
 from api.errors import ApiError
-from worker.jobs import DEFAULT_TENANT, JobRecord, JobStore
-from worker.settings import Settings
+from worker.contract.jobs import DEFAULT_TENANT, JobRecord, JobStore
+from worker.contract.settings import Settings
 from worker.storage import Storage
 
 

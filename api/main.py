@@ -12,8 +12,8 @@ from fastapi.routing import APIRoute
 from api.errors import install_error_handlers
 from api.routes import health, jobs
 from worker.app import create_app as create_celery
-from worker.jobs import JobStore
-from worker.settings import Settings, get_settings
+from worker.contract.jobs import JobStore
+from worker.contract.settings import Settings, get_settings
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)

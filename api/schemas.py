@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from worker.jobs import JobError, JobInput, JobOptions, JobRecord, JobStatus, Progress
+from worker.contract.jobs import JobError, JobInput, JobOptions, JobRecord, JobStatus, Progress
 
 
 class JobPublic(BaseModel):

@@ -14,7 +14,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
-from worker.inputs import (
+from worker.contract.uploads import (
     EXPECTED,
     SPECTROGRAM_FORMS,
     NpyHeader,

@@ -30,10 +30,10 @@ from tqdm import tqdm
 from engine.evaluate import read_manifest
 from engine.transcribe import Transcriber
 from worker.app import create_app
-from worker.dispatch import dispatch
+from worker.contract.dispatch import dispatch
+from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
+from worker.contract.settings import Settings
 from worker.embedded import ensure_redis, ensure_storage
-from worker.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
-from worker.settings import Settings
 from worker.storage import Storage
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from worker.settings import Settings
+from worker.contract.settings import Settings
 
 DATA = Path(__file__).parent / "data"
 REDIS_URL = os.environ.get("WHISPERFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from worker.settings import Settings
+from worker.contract.settings import Settings
 
 SERVICES = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())["services"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
-from worker.jobs import QUEUES, TASK_NAME
-from worker.settings import Settings, get_settings
+from worker.contract.jobs import QUEUES, TASK_NAME
+from worker.contract.settings import Settings, get_settings
 
 
 def create_app(settings: Settings) -> Celery:

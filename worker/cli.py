@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from worker.formats import WRITERS
-from worker.settings import get_settings
+from worker.contract.formats import WRITERS
+from worker.contract.settings import get_settings
 
 # What the `engine` extra installs; only `api` runs without it.
 ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "av", "tqdm", "jiwer", "moto")
@@ -102,7 +102,7 @@ def _worker(args: argparse.Namespace) -> int:
     from celery.signals import setup_logging
 
     from worker import logs, metrics
-    from worker.dispatch import dispatch
+    from worker.contract.dispatch import dispatch
     from worker.leases import Reconciler
     from worker.tasks import app, transcribe
 

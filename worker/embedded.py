@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import redis
 
-from worker.settings import Settings
+from worker.contract.settings import Settings
 
 
 class ServiceError(SystemExit):

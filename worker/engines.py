@@ -17,8 +17,8 @@ from engine.longform import TranscriptionOptions
 from engine.result import Transcription
 from engine.transcribe import Transcriber, slots_for
 from worker.batching import Batcher, EngineFailed, Ticket
-from worker.jobs import JobOptions
-from worker.settings import Settings
+from worker.contract.jobs import JobOptions
+from worker.contract.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import redis
 
-from worker.jobs import (
+from worker.contract.jobs import (
     QUEUES,
     TASK_NAME,
     TERMINAL,

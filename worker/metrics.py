@@ -13,7 +13,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.jobs import QUEUES, JobStore
+from worker.contract.jobs import QUEUES, JobStore
 
 log = logging.getLogger(__name__)
 

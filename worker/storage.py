@@ -11,7 +11,7 @@ from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from worker.settings import Settings
+from worker.contract.settings import Settings
 
 # S3 refuses multipart parts below 5 MiB (except the last one).
 PART_SIZE = 8 * 1024 * 1024

@@ -26,13 +26,13 @@ from engine.inputs import SpectrogramError
 from engine.longform import OptionsError
 from worker.app import app
 from worker.batching import EngineFailed, Ticket
+from worker.contract.jobs import TASK_NAME, TERMINAL, JobError, JobStatus, JobStore, Progress
+from worker.contract.settings import get_settings
 from worker.engines import Engines, UnknownModel
 from worker.failpoints import failpoint
-from worker.jobs import TASK_NAME, TERMINAL, JobError, JobStatus, JobStore, Progress
 from worker.leases import Leases
 from worker.logs import current_job
 from worker.metrics import JOBS
-from worker.settings import get_settings
 from worker.storage import Storage
 
 log = get_task_logger(__name__)

@@ -12,9 +12,9 @@ from api.deps import OwnedJobDep, QueueDep, SettingsDep, StorageDep, StoreDep, T
 from api.errors import ApiError, ErrorBody
 from api.schemas import JobPublic
 from api.upload import receive_upload
-from worker.dispatch import dispatch
-from worker.formats import WRITERS
-from worker.jobs import (
+from worker.contract.dispatch import dispatch
+from worker.contract.formats import WRITERS
+from worker.contract.jobs import (
     JobError,
     JobInput,
     JobOptions,
@@ -23,8 +23,8 @@ from worker.jobs import (
     input_key,
     new_job_id,
 )
-from worker.languages import LANGUAGES
-from worker.settings import Settings
+from worker.contract.languages import LANGUAGES
+from worker.contract.settings import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

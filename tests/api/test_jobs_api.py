@@ -10,7 +10,7 @@ import soundfile as sf
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from worker.jobs import JobStatus, JobStore
+from worker.contract.jobs import JobStatus, JobStore
 from worker.storage import Storage
 
 

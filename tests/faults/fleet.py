@@ -22,9 +22,9 @@ import soundfile as sf
 
 from tests.conftest import free_port, stop, wait_for_port
 from worker.app import create_app
-from worker.dispatch import dispatch
-from worker.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
-from worker.settings import Settings
+from worker.contract.dispatch import dispatch
+from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
+from worker.contract.settings import Settings
 from worker.storage import Storage
 
 # fast takeover, so a test waits seconds, not minutes

@@ -2,8 +2,8 @@
 
 import pytest
 
+from worker.contract.settings import Settings
 from worker.engines import Engines, UnknownModel
-from worker.settings import Settings
 
 
 def test_unknown_model_lists_the_served_ones():
@@ -62,7 +62,7 @@ def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, mo
 
     from engine.scheduler import Scheduler
     from worker.batching import EngineFailed
-    from worker.jobs import JobOptions
+    from worker.contract.jobs import JobOptions
 
     engines = Engines(Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2))
     transcriber = engines.get("tiny.en")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from worker.formats import WRITERS, format_timestamp
+from worker.contract.formats import WRITERS, format_timestamp
 
 RESULT = {
     "text": "Hello there. General Kenobi.",

@@ -5,7 +5,7 @@ import threading
 import pytest
 import redis
 
-from worker.jobs import (
+from worker.contract.jobs import (
     JobInput,
     JobRecord,
     JobStatus,

@@ -7,8 +7,8 @@ import redis
 
 from tests.worker.test_jobs import record
 from worker.app import create_app
-from worker.dispatch import dispatch
-from worker.jobs import JobStatus, JobStore
+from worker.contract.dispatch import dispatch
+from worker.contract.jobs import JobStatus, JobStore
 from worker.leases import Leases, Reconciler
 
 

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from worker.settings import Settings
+from worker.contract.settings import Settings
 
 
 def test_defaults_are_the_embedded_stack(monkeypatch):

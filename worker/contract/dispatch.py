@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from worker.jobs import TASK_NAME, JobRecord, JobStore
+from worker.contract.jobs import TASK_NAME, JobRecord, JobStore
 
 
 def dispatch(app: Celery, store: JobStore, record: JobRecord, countdown: float | None = None):

@@ -43,7 +43,7 @@ class WriteVerboseJSON(ResultWriter):
     extension, media_type = "verbose.json", "application/json"
 
     def render(self, result: dict) -> str:
-        from worker.languages import LANGUAGES
+        from worker.contract.languages import LANGUAGES
 
         task = (result.get("options") or {}).get("task", "transcribe")
         segments = [

@@ -1,6 +1,6 @@
 import pytest
 
-from worker.inputs import sniff
+from worker.contract.uploads import sniff
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_spectrogram_headers_and_values_without_numpy_in_the_api():
 
     import numpy as np
 
-    from worker.inputs import all_finite, parse_npy_header
+    from worker.contract.uploads import all_finite, parse_npy_header
 
     for dtype in ("<f2", "<f4", "<f8"):
         array = np.random.default_rng(0).standard_normal((1, 128, 3500)).astype(dtype)
