@@ -1,15 +1,17 @@
-"""Whisper's decoding rules, for a batch of windows decoded together (`engine.scheduler`).
+"""Whisper's decoding rules and decode state, for a batch of windows decoded together.
 
-Each row carries its own task: language, temperature, previous-text prompt and whether it
-predicts timestamps. Rules are small `LogitFilter`s whose `apply` edits the logits of every
-live row at once with tensor operations (no per-row Python loop and no host sync), so a decode
-step stays one batched computation that a CUDA graph can capture.
+Each row carries its own task (`WindowTask`): language, temperature, previous-text prompt and
+whether it predicts timestamps. Rules are small `LogitFilter`s whose `apply` edits the logits
+of every live row at once with tensor operations (no per-row Python loop and no host sync), so
+a decode step stays one batched computation that a CUDA graph can capture. `SlotState` is the
+decode state machine: every slot's tokens, position and scores as tensors, advanced by
+`commit` after each step and read back, for the rows that finished, as `WindowResult`s.
 """
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,27 @@ from engine.mel import CHUNK_LENGTH
 from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
+PROMPT_BASE = 4  # <|startoftranscript|> language task <|notimestamps|>: the longest start
+
+
+@dataclass(frozen=True)
+class DecodingRules:
+    """What every window of a stream is decoded under. The rules are built into the stream's
+    filters, caches and CUDA graphs, so they are fixed when it opens (`EngineConfig.rules`);
+    what varies from input to input is in `TranscriptionOptions`."""
+
+    suppress_blank: bool = True  # no blank and no end-of-text as a window's first token
+    suppress_tokens: tuple[int, ...] = ()  # in addition to the model's non-speech symbols
+    max_initial_timestamp: float | None = 1.0  # seconds: the first timestamp of a window
+    sample_len: int | None = None  # tokens a window at most; None: half the text context (224)
+    # prompt tokens a window at most; None: room for previous text (half the text context + 4).
+    # With sample_len it sizes the self-attention cache: 4 (no previous text) keeps it small.
+    max_prompt: int | None = None
+
+    def sizes(self, n_text_ctx: int) -> tuple[int, int]:
+        """(prompt tokens, sampled tokens) a window has room for."""
+        full_prompt = n_text_ctx // 2 + PROMPT_BASE  # previous text: half the context
+        return self.max_prompt or full_prompt, self.sample_len or n_text_ctx // 2
 
 
 @dataclass(frozen=True)
@@ -30,6 +53,8 @@ class WindowTask:
     temperature: float = 0.0  # 0: greedy; above: sampling
     prompt: tuple[int, ...] = ()  # previous-text tokens, fed after <|startofprev|>
     timestamps: bool = True  # predict segment timestamps (else <|notimestamps|>)
+    min_tokens: int = 0  # no end-of-text before this many tokens (fixed work for benchmarks)
+    max_tokens: int | None = None  # at most this many (default: the rules' sample_len)
 
 
 @dataclass(frozen=True)
@@ -40,6 +65,18 @@ class WindowResult:
     no_speech_prob: float
     compression_ratio: float
     temperature: float
+
+    @classmethod
+    def of(cls, row: FinishedRow, temperature: float, tokenizer: Tokenizer) -> WindowResult:
+        text = tokenizer.decode(row.tokens)
+        return cls(
+            tokens=row.tokens,
+            text=text,
+            avg_logprob=row.sum_logprob / (len(row.tokens) + 1),
+            no_speech_prob=row.no_speech_prob,
+            compression_ratio=compression_ratio(text.strip()),
+            temperature=temperature,
+        )
 
 
 def compression_ratio(text: str) -> float:
@@ -195,3 +232,146 @@ def prompt_tokens(tokenizer: Tokenizer, task: WindowTask, n_text_ctx: int) -> li
     if task.prompt:
         tokens = [tokenizer.sot_prev, *task.prompt[-(n_text_ctx // 2 - 1) :], *tokens]
     return tokens
+
+
+@dataclass(frozen=True)
+class FinishedRow:
+    """A slot whose window is decoded, as read back from the GPU."""
+
+    slot: int
+    tokens: list[int]  # sampled, up to the end-of-text (excluded)
+    sum_logprob: float  # of every sampled token, end-of-text included
+    no_speech_prob: float
+
+
+@dataclass
+class SlotState:
+    """The decode state of every slot, one row a slot: what a decode step reads and advances on
+    the GPU, and what moves with a sequence when the pool compacts (`tensors`)."""
+
+    token: Tensor  # the token the next step feeds
+    position: Tensor  # its position
+    n_sampled: Tensor  # tokens sampled so far
+    last: Tensor  # last sampled token, -1 before any
+    penultimate: Tensor  # the one before, -1 before any
+    last_timestamp: Tensor  # last sampled timestamp token, -1 before any
+    timestamps: Tensor  # bool: the row predicts timestamps
+    finished: Tensor  # bool: end-of-text sampled, or the row's limit reached
+    temperature: Tensor  # float32; 0: greedy
+    sampling: Tensor  # bool: temperature > 0
+    min_tokens: Tensor  # no end-of-text before this many tokens
+    limit: Tensor  # tokens the row samples at most
+    sum_logprob: Tensor  # float32
+    no_speech: Tensor  # float32: no-speech probability, from the prompt's <|startoftranscript|>
+    sampled: Tensor  # shape = (n_slots, sample_len): the tokens sampled so far
+
+    @classmethod
+    def allocate(cls, n_slots: int, sample_len: int, eot: int, device: torch.device) -> SlotState:
+        def slots(fill, dtype=torch.long) -> Tensor:
+            return torch.full((n_slots,), fill, dtype=dtype, device=device)
+
+        return cls(
+            token=slots(0),
+            position=slots(0),
+            n_sampled=slots(0),
+            last=slots(-1),
+            penultimate=slots(-1),
+            last_timestamp=slots(-1),
+            timestamps=slots(False, torch.bool),
+            finished=slots(True, torch.bool),
+            temperature=slots(0.0, torch.float32),
+            sampling=slots(False, torch.bool),
+            min_tokens=slots(0),
+            limit=slots(sample_len),
+            sum_logprob=slots(0.0, torch.float32),
+            no_speech=slots(0.0, torch.float32),
+            sampled=torch.full((n_slots, sample_len), eot, device=device),
+        )
+
+    @property
+    def sample_len(self) -> int:
+        return self.sampled.shape[1]
+
+    def tensors(self) -> list[Tensor]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    def view(self, b: int) -> DecodeState:
+        """What the rules read of rows [:b]."""
+        return DecodeState(
+            n_sampled=self.n_sampled[:b],
+            last=self.last[:b],
+            penultimate=self.penultimate[:b],
+            last_timestamp=self.last_timestamp[:b],
+            timestamps=self.timestamps[:b],
+            min_tokens=self.min_tokens[:b],
+        )
+
+    def start(
+        self,
+        rows: slice,
+        *,
+        token: Tensor,
+        position: Tensor,
+        timestamps: Tensor,
+        temperature: Tensor,
+        min_tokens: Tensor,
+        limit: Tensor,
+        no_speech: Tensor,
+        eot: int,
+    ) -> None:
+        """Rows whose prompts were just prefilled: nothing sampled yet; `token` is each row's
+        last prompt token, which the first step feeds again to sample after it."""
+        self.token[rows], self.position[rows] = token, position
+        self.n_sampled[rows] = 0
+        self.last[rows], self.penultimate[rows], self.last_timestamp[rows] = -1, -1, -1
+        self.finished[rows] = False
+        self.sum_logprob[rows] = 0.0
+        self.sampled[rows] = eot
+        self.temperature[rows] = temperature
+        self.sampling[rows] = temperature > 0
+        self.timestamps[rows] = timestamps
+        self.min_tokens[rows] = min_tokens
+        self.limit[rows] = limit
+        self.no_speech[rows] = no_speech
+
+    def commit(
+        self,
+        b: int,
+        chosen: Tensor,
+        logprob: Tensor,
+        eot: int,
+        timestamp_begin: int,
+        max_position: int,
+    ) -> None:
+        """Append each of rows [:b]'s chosen token and advance its state; finished rows stay as
+        they are (they feed end-of-text until they leave)."""
+        done = self.finished[:b]
+        self.sum_logprob[:b] += logprob.masked_fill(done, 0.0)
+        chosen = chosen.masked_fill(done, eot)
+        column = self.n_sampled[:b].clamp(max=self.sample_len - 1)
+        self.sampled[:b].scatter_(1, column[:, None], chosen[:, None])
+        self.penultimate[:b] = torch.where(done, self.penultimate[:b], self.last[:b])
+        self.last[:b] = torch.where(done, self.last[:b], chosen)
+        stamp = ~done & (chosen >= timestamp_begin)
+        self.last_timestamp[:b] = torch.where(stamp, chosen, self.last_timestamp[:b])
+        self.n_sampled[:b] += (~done).long()
+        ended = (chosen == eot) | (self.n_sampled[:b] >= self.limit[:b])
+        self.finished[:b] = done | ended
+        self.token[:b] = chosen
+        self.position[:b] = (self.position[:b] + 1).clamp(max=max_position)
+
+    def finished_rows(self, n: int, eot: int) -> list[FinishedRow]:
+        """Rows among [:n] that finished, read back (this waits for the GPU)."""
+        done = self.finished[:n].nonzero()[:, 0]
+        if len(done) == 0:
+            return []
+        rows, counts = done.tolist(), self.n_sampled[done].tolist()
+        sampled = self.sampled[done].tolist()
+        sums, no_speech = self.sum_logprob[done].tolist(), self.no_speech[done].tolist()
+        out = []
+        for slot, row, count, total, ns in zip(rows, sampled, counts, sums, no_speech, strict=True):
+            tokens = row[:count]
+            if eot in tokens:
+                tokens = tokens[: tokens.index(eot)]
+            out.append(FinishedRow(slot, tokens, total, ns))
+        return out

@@ -40,7 +40,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "whisperfleet"
 
 
-def _package_file(package: str, relative: str) -> Path:
+def package_file(package: str, relative: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         dist = package.replace("_", "-")
@@ -71,7 +71,7 @@ def model_dir(source: str, cache_dir: Path | None = None) -> Path:
     cache_dir = cache_dir or default_cache_dir()
     if source in PACKAGED:
         files = PACKAGED[source]
-        parts = [_package_file(package, relative) for package, relative in files]
+        parts = [package_file(package, relative) for package, relative in files]
         versions = "-".join(importlib.metadata.version(p) for p, _ in files)
         return _converted(parts, f"{source}-{versions}", cache_dir)
     path = Path(source).expanduser()
@@ -126,7 +126,7 @@ def _tokenizer_dir(n_vocab: int, cache_dir: Path) -> Path:
     dst = cache_dir / "models" / f"tokenizer-{n_vocab}-c{CONVERTER_VERSION}"
     if (dst / "tokenizer.json").exists():
         return dst
-    src = _package_file(PACKAGED["base"][0][0], "data")
+    src = package_file(PACKAGED["base"][0][0], "data")
     vocabulary = (src / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
     tokenizer = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
     tokenizer = complete_tokenizer(tokenizer, vocabulary, 51865)

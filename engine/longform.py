@@ -9,7 +9,8 @@
   slightly less accurate (no context across cuts; see docs/accuracy.md).
 
 A request hands out the windows it can decode now (`ready`) and takes their results back
-(`accept`); the batching driver in `engine.transcribe` mixes windows of many requests.
+(`accept`); a stream (`engine.stream`) mixes the windows of many requests. A request also
+decides its language: the one given, or the one detected in its first window decoded.
 """
 
 from __future__ import annotations
@@ -22,84 +23,10 @@ import torch
 from engine.decoding import WindowResult, WindowTask
 from engine.inputs import MelSource
 from engine.mel import CHUNK_LENGTH, FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from engine.options import TranscriptionOptions
 from engine.result import Segment
-from engine.tokenizer import TASKS, Tokenizer
-
-MODES = ("sequential", "chunked")
-
-
-class OptionsError(ValueError):
-    """Options that cannot apply to this model or to each other."""
-
-
-@dataclass(frozen=True)
-class TranscriptionOptions:
-    # what to do
-    task: str = "transcribe"  # or "translate" (to English; multilingual models)
-    language: str | None = None  # ISO 639-1; None: detect from the first window
-    mode: str = "sequential"  # or "chunked"
-    timestamps: bool = True  # segment timestamps; without them each window is one segment
-
-    # decoding with fallback: retry a window at the next temperature while its output is too
-    # repetitive (compression ratio above) or too improbable (average log-prob below),
-    # unless it is silence (no-speech probability above, with a low log-prob)
-    temperature: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-    compression_ratio_threshold: float | None = 2.4
-    logprob_threshold: float | None = -1.0
-    no_speech_threshold: float | None = 0.6
-
-    # context
-    condition_on_previous_text: bool = True  # sequential: prompt each window with the text so far
-    initial_prompt: str | None = None  # text given as if it preceded the audio
-    prompt_reset_on_temperature: float = 0.5  # drop the context after a window this hot
-
-    # rules
-    max_initial_timestamp: float | None = 1.0  # seconds: the first timestamp of a window
-    suppress_blank: bool = True
-    suppress_tokens: tuple[int, ...] = ()  # in addition to the model's non-speech symbols
-    sample_len: int | None = None  # tokens per window; None: half the text context (224)
-    seed: int = 0  # for sampling at temperatures above 0
-
-    def verified(self, tokenizer: Tokenizer) -> TranscriptionOptions:
-        """Check the options against the model before any work; return them."""
-        if self.task not in TASKS:
-            raise OptionsError(f"task {self.task!r} is not one of {', '.join(TASKS)}")
-        if self.mode not in MODES:
-            raise OptionsError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
-        if not self.temperature or any(t < 0 for t in self.temperature):
-            raise OptionsError(f"temperature {self.temperature}: expected values >= 0")
-        if not tokenizer.is_multilingual:
-            if self.task == "translate":
-                raise OptionsError("translate needs a multilingual model; this one is English-only")
-            if self.language not in (None, "en"):
-                raise OptionsError(
-                    f"language {self.language!r} needs a multilingual model; "
-                    "this one is English-only"
-                )
-        elif self.language is not None and self.language not in tokenizer.language_ids:
-            known = ", ".join(sorted(tokenizer.language_ids))
-            raise OptionsError(f"unknown language {self.language!r}; expected one of: {known}")
-        return self
-
-    def needs_fallback(self, r: WindowResult) -> bool:
-        """openai-whisper's rule: retry hotter unless the window is silence."""
-        too_repetitive = (
-            self.compression_ratio_threshold is not None
-            and r.compression_ratio > self.compression_ratio_threshold
-        )
-        improbable = self.logprob_threshold is not None and r.avg_logprob < self.logprob_threshold
-        silence = (
-            self.no_speech_threshold is not None
-            and r.no_speech_prob > self.no_speech_threshold
-            and improbable
-        )
-        return (too_repetitive or improbable) and not silence
-
-    def is_silence(self, r: WindowResult) -> bool:
-        """Skip the window: probably no speech, and the text is not convincing either."""
-        if self.no_speech_threshold is None or r.no_speech_prob <= self.no_speech_threshold:
-            return False
-        return self.logprob_threshold is None or r.avg_logprob <= self.logprob_threshold
+from engine.runner import LanguageGuess
+from engine.tokenizer import Tokenizer
 
 
 @dataclass
@@ -160,6 +87,15 @@ class Request:
     def __post_init__(self) -> None:
         self.language = self.options.language or (None if self.tokenizer.is_multilingual else "en")
 
+    @property
+    def needs_language(self) -> bool:
+        return self.language is None
+
+    def detected(self, guess: LanguageGuess) -> None:
+        """The language detected in one of this request's windows: the first decides."""
+        if self.language is None:
+            self.language, self.language_probability = guess.language, guess.probability
+
     def task(self, window: Window, temperature: float) -> WindowTask:
         return WindowTask(
             language=self.language or "en",
@@ -167,6 +103,8 @@ class Request:
             temperature=temperature,
             prompt=tuple(self.prompt(window)),
             timestamps=self.options.timestamps,
+            min_tokens=self.options.min_tokens,
+            max_tokens=self.options.sample_len,
         )
 
     def prompt(self, window: Window) -> list[int]:
@@ -188,15 +126,18 @@ class Request:
         raise NotImplementedError
 
     def _segments(self, window: Window, result: WindowResult) -> tuple[list[Segment], int]:
-        # (without timestamps the tokens hold none: one piece, the whole window)
-        pieces, advance = split_segments(result.tokens, self.tokenizer, window)
-        out = []
         window_end = window.offset + window.size / FRAMES_PER_SECOND
+        if self.options.timestamps:
+            pieces, advance = split_segments(result.tokens, self.tokenizer, window)
+        else:  # one piece, the whole window: a timestamp token here means nothing
+            pieces, advance = [(window.offset, window_end, result.tokens)], window.size
+        out = []
         for start, end, tokens in pieces:
             # The model may place an end past the audio it heard: keep segments inside it.
             end = min(end, window_end)
             start = min(start, end)
-            text = self.tokenizer.decode(tokens)
+            # the whole window as one piece (no timestamp pairs): its text is decoded already
+            text = result.text if tokens is result.tokens else self.tokenizer.decode(tokens)
             if start == end or not text.strip():  # instantaneous or empty: no segment
                 continue
             out.append(
@@ -323,3 +264,7 @@ class ChunkedRequest(Request):
         if self.done:
             ordered = [s for seek in sorted(self.by_seek) for s in self.by_seek[seek]]
             self.segments = [Segment(**{**s.__dict__, "id": i}) for i, s in enumerate(ordered)]
+
+
+# the request kind of each mode (`TranscriptionOptions.mode`)
+REQUESTS: dict[str, type[Request]] = {"sequential": SequentialRequest, "chunked": ChunkedRequest}

@@ -13,7 +13,7 @@ Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
   `[layer, slot, head, n_text_ctx, d_head]` and the cross-attention cache
   `[layer, slot, head, n_audio_ctx, d_head]`, which is projected once per window
   (`project_cross_kv`) and only read by decode steps. A batch is a contiguous range of slots
-  (`rows`), so every read is a view of the cache, never a gathered copy; the scheduler keeps
+  (`rows`), so every read is a view of the cache, never a gathered copy; the slot pool keeps
   live sequences packed at the front. No hooks, no hidden state: this is what CUDA graphs and
   continuous batching need. The cross-attention cache may be fp8 (half the bytes that large
   models' decode steps read); it is widened as it is read.
@@ -118,13 +118,13 @@ def padded_vocab(n_vocab: int) -> int:
     return -(-n_vocab // VOCAB_ALIGN) * VOCAB_ALIGN
 
 
-def _heads(x: Tensor, n_head: int) -> Tensor:
+def split_heads(x: Tensor, n_head: int) -> Tensor:
     """(batch, time, n_state) -> (batch, n_head, time, d_head)"""
     b, t, d = x.shape
     return x.view(b, t, n_head, d // n_head).transpose(1, 2)
 
 
-def _merge_heads(x: Tensor) -> Tensor:
+def merge_heads(x: Tensor) -> Tensor:
     """(batch, n_head, time, d_head) -> (batch, time, n_state)"""
     b, h, t, d = x.shape
     return x.transpose(1, 2).reshape(b, t, h * d)
@@ -159,8 +159,8 @@ class EncoderBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         h = self.attn.n_head
-        a = F.scaled_dot_product_attention(_heads(q, h), _heads(k, h), _heads(v, h))
-        x = x + self.attn.out(_merge_heads(a))
+        a = F.scaled_dot_product_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h))
+        x = x + self.attn.out(merge_heads(a))
         return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
 
 
@@ -199,7 +199,8 @@ class Where:
     positions: shape = (batch, n_tokens); batch: shape = (batch, 1), each row's index, to
     write its cache at its own positions; n_keys: self-attention positions read; mask: shape =
     (batch, 1, n_tokens, n_keys), True where a query may see a key (several tokens a row); or,
-    for a decode step (one token a row), lengths: shape = (batch,), the keys each row sees.
+    for a decode step (one token a row), lengths: shape = (batch,), the keys each row sees;
+    triton: a decode step attends through the Triton kernel (`engine.kernels.attention`).
     """
 
     positions: Tensor
@@ -207,15 +208,16 @@ class Where:
     n_keys: int
     mask: Tensor | None
     lengths: Tensor | None
+    triton: bool = False
 
     @classmethod
-    def of(cls, positions: Tensor, n_keys: int) -> Where:
+    def of(cls, positions: Tensor, n_keys: int, triton: bool = False) -> Where:
         batch = torch.arange(positions.shape[0], device=positions.device)[:, None]
         if positions.shape[1] == 1:
-            return cls(positions, batch, n_keys, None, positions[:, 0] + 1)
+            return cls(positions, batch, n_keys, None, positions[:, 0] + 1, triton)
         keys = torch.arange(n_keys, device=positions.device)
         mask = keys[None, None, None, :] <= positions[:, None, :, None]
-        return cls(positions, batch, n_keys, mask, None)
+        return cls(positions, batch, n_keys, mask, None, triton)
 
 
 class DecoderBlock(nn.Module):
@@ -244,18 +246,18 @@ class DecoderBlock(nn.Module):
         cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
         if at.mask is None:
             q = q.view(b, h, d // h)
-            a = decode_attention(q, keys, values, at.lengths).view(b, 1, d)
+            a = decode_attention(q, keys, values, at.lengths, at.triton).view(b, 1, d)
             x = x + self.attn.out(a)
             q = self.cross_attn.q(self.cross_attn_ln(x)).view(b, h, d // h)
-            a = decode_attention(q, cross_k, cross_v).view(b, 1, d)
+            a = decode_attention(q, cross_k, cross_v, triton=at.triton).view(b, 1, d)
         else:
-            a = F.scaled_dot_product_attention(_heads(q, h), keys, values, attn_mask=at.mask)
-            x = x + self.attn.out(_merge_heads(a))
+            a = F.scaled_dot_product_attention(split_heads(q, h), keys, values, attn_mask=at.mask)
+            x = x + self.attn.out(merge_heads(a))
             q = self.cross_attn.q(self.cross_attn_ln(x))
             a = F.scaled_dot_product_attention(
-                _heads(q, h), cross_k.to(q.dtype), cross_v.to(q.dtype)
+                split_heads(q, h), cross_k.to(q.dtype), cross_v.to(q.dtype)
             )
-            a = _merge_heads(a)
+            a = merge_heads(a)
         x = x + self.cross_attn.out(a)
         return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
 
@@ -279,17 +281,19 @@ class TextDecoder(nn.Module):
         rows: slice,
         cache: KVCache,
         n_keys: int | None = None,
+        triton: bool = False,
     ) -> Tensor:
         """
         tokens, positions: shape = (batch, n_tokens), each row's next tokens and their positions
         rows: the batch's cache slots, a contiguous range of `batch` slots
         n_keys: self-attention positions to read (a fixed bucket under CUDA graphs); default:
             the furthest position in the batch + 1
+        triton: decode steps attend through the Triton kernel (on CUDA)
         returns: logits, shape = (batch, n_tokens, n_vocab), in the model's dtype: a view of
             the padded head's output, so rows are strided
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
-        at = Where.of(positions, n_keys or int(positions.max()) + 1)
+        at = Where.of(positions, n_keys or int(positions.max()) + 1, triton)
         for layer, block in enumerate(self.blocks):
             x = block(x, at, rows, cache, layer)
         x = self.ln(x)
@@ -315,5 +319,5 @@ class Whisper(nn.Module):
             if fp8:  # saturate: the cast would turn values past the range into NaN
                 kv = kv.clamp(-FP8_MAX, FP8_MAX)
             k, v = kv.chunk(2, dim=-1)
-            cache.cross_k[layer, rows] = _heads(k, h)
-            cache.cross_v[layer, rows] = _heads(v, h)
+            cache.cross_k[layer, rows] = split_heads(k, h)
+            cache.cross_v[layer, rows] = split_heads(v, h)

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _BPE
 
-TASKS = ("transcribe", "translate")
-
 
 @dataclass(frozen=True)
 class Tokenizer:
@@ -76,11 +74,16 @@ class Tokenizer:
             return {}
         return {self.bpe.id_to_token(i)[2:-2]: i for i in range(self.sot + 1, self.translate)}
 
+    @cached_property
+    def task_ids(self) -> dict[str, int]:
+        """Whisper's tasks, named as their tokens are: what a multilingual model can do."""
+        return {"transcribe": self.transcribe, "translate": self.translate}
+
     def sot_sequence(self, language: str | None, task: str) -> list[int]:
         """The prompt that starts a window: sot [language task] notimestamps."""
         if not self.is_multilingual:
             return [self.sot, self.no_timestamps]
-        return [self.sot, self.language_ids[language], getattr(self, task), self.no_timestamps]
+        return [self.sot, self.language_ids[language], self.task_ids[task], self.no_timestamps]
 
     def encode(self, text: str) -> list[int]:
         return self.bpe.encode(text, add_special_tokens=False).ids

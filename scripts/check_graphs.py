@@ -1,15 +1,14 @@
-"""The scheduler's CUDA graphs change nothing: same tokens as the same steps run eagerly.
+"""The engine's CUDA graphs change nothing: same tokens as the same steps run eagerly.
 
 python scripts/check_graphs.py [--model tiny] [--batch 16]
 """
 
 import argparse
+import dataclasses
 import sys
 
-import torch
-
-from engine.bench import engine_run
-from engine.loader import load_model
+from engine import EngineConfig
+from engine.tools.bench import engine_run
 
 
 def main() -> int:
@@ -17,11 +16,13 @@ def main() -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
-    loaded = load_model(f"random:{args.model}", device="cuda", dtype=torch.float16)
+    config = EngineConfig(
+        model=f"random:{args.model}", device="cuda", dtype="fp16", slots=args.batch
+    )
     lengths = [10, 37, 100, 64, 5, 200, 120, 80]
     n = 3 * args.batch
-    graphed = engine_run(loaded, args.batch, n, lengths, graphs=True)()
-    eager = engine_run(loaded, args.batch, n, lengths, graphs=False)()
+    graphed = engine_run(config, n, lengths)()
+    eager = engine_run(dataclasses.replace(config, graphs=False), n, lengths)()
     same = sum(a == b for a, b in zip(graphed, eager, strict=True))
     right_length = all(len(t) == lengths[i % len(lengths)] for i, t in enumerate(graphed))
     print(

@@ -4,7 +4,7 @@ Redis, a real worker process and S3 storage, on the same device.
     python scripts/queue_overhead.py [--manifest ../shared/audio/dev/manifest.jsonl]
         [--model tiny.en] [--device cpu] [--repeat 2] [--copies 1]
 
-Direct: `Transcriber.transcribe_batch` over every clip at once (the engine's own continuous
+Direct: `Stream.transcribe` over every clip at once (the engine's own continuous
 batching, nothing else). Queue: a Redis and moto's S3 server of its own (fresh ports), one
 `whisperfleet worker` process, each clip uploaded and dispatched as the API does, from 16
 threads as from many clients; timed from the first upload to the last terminal record, after
@@ -27,8 +27,8 @@ from pathlib import Path
 import redis
 from tqdm import tqdm
 
-from engine.evaluate import read_manifest
-from engine.transcribe import Transcriber
+from engine import Engine, EngineConfig
+from engine.tools.evaluate import read_manifest
 from worker.app import create_app
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
@@ -44,10 +44,10 @@ def free_port() -> int:
 
 
 def direct(model: str, device: str, clips: list[bytes]) -> float:
-    t = Transcriber.load(model, device=device)
-    t.transcribe_batch(clips[:1])  # warm-up
+    stream = Engine.open(EngineConfig(model=model, device=device))
+    stream.transcribe(clips[:1])  # warm-up
     start = time.perf_counter()
-    t.transcribe_batch(clips)
+    stream.transcribe(clips)
     return time.perf_counter() - start
 
 
@@ -141,7 +141,7 @@ def main() -> None:
     print(f"{len(clips)} clips, {audio_s:.0f} s of audio, {args.model} on {args.device}\n")
     print("| path | seconds | audio s / s | jobs succeeded |")
     print("|---|---|---|---|")
-    print(f"| engine directly (transcribe_batch) | {engine_s:.2f} | {audio_s / engine_s:.1f} | |")
+    print(f"| engine directly (Stream.transcribe) | {engine_s:.2f} | {audio_s / engine_s:.1f} | |")
     print(
         f"| queue: Redis, worker process, S3 | {queue_s:.2f} | {audio_s / queue_s:.1f} "
         f"| {succeeded}/{len(clips)} |"

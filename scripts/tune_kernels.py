@@ -20,7 +20,7 @@ from engine.inputs import audio_sources
 from engine.kernels.attention import torch_decode_attention, triton_decode_attention
 from engine.loader import load_model
 from engine.mel import N_FRAMES
-from engine.model import EncoderBlock, _heads, _merge_heads
+from engine.model import EncoderBlock, merge_heads, split_heads
 
 
 def bench(fn, repeat: int = 20) -> float:
@@ -96,8 +96,8 @@ def split_qkv_forward(self, x):
     y = self.attn_ln(x)
     w, b = self.attn.qkv.weight, self.attn.qkv.bias
     q, k, v = (F.linear(y, w[i * d : (i + 1) * d], b[i * d : (i + 1) * d]) for i in range(3))
-    a = F.scaled_dot_product_attention(_heads(q, h), _heads(k, h), _heads(v, h))
-    x = x + self.attn.out(_merge_heads(a))
+    a = F.scaled_dot_product_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h))
+    x = x + self.attn.out(merge_heads(a))
     return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
 
 

@@ -143,15 +143,23 @@ def stack_env(s3_endpoint) -> dict[str, str]:
     }
 
 
+def open_stream(model: str, **config):
+    from engine import Engine, EngineConfig
+
+    return Engine.open(EngineConfig(model=model, device="cpu", **config))
+
+
+def transcribe(stream, item, options=None, progress=None):
+    """One input through an idle stream."""
+    return stream.transcribe([item], options, progress)[0]
+
+
 @pytest.fixture(scope="session")
 def tiny_en():
-    from engine.transcribe import Transcriber
-
-    return Transcriber.load("tiny.en", device="cpu")
+    """tiny.en on the CPU: a stream tests run to completion (never left busy)."""
+    return open_stream("tiny.en")
 
 
 @pytest.fixture(scope="session")
 def base():
-    from engine.transcribe import Transcriber
-
-    return Transcriber.load("base", device="cpu")
+    return open_stream("base")

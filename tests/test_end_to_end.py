@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from engine.wer import word_error_rate
+from engine.tools.wer import word_error_rate
 from tests.conftest import free_port, stop, wait_for_port
 
 pytestmark = pytest.mark.slow

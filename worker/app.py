@@ -2,6 +2,8 @@
 
 One worker process per GPU runs Celery's threads pool: many jobs in flight, one engine per
 process (forking after CUDA starts breaks CUDA, and a model per prefork child cannot batch).
+Everything a worker needs is configured here, so `celery -A worker.app worker` runs the same
+worker as `whisperfleet worker`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from worker.contract.settings import Settings, get_settings
 
 
 def create_app(settings: Settings) -> Celery:
-    app = Celery("whisperfleet", broker=settings.redis_url, include=["worker.tasks"])
+    # worker.lifecycle: what a worker process runs besides its jobs, from Celery's signals
+    include = ["worker.tasks", "worker.lifecycle"]
+    app = Celery("whisperfleet", broker=settings.redis_url, include=include)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -23,6 +27,9 @@ def create_app(settings: Settings) -> Celery:
         # leaves its message to be redelivered (the result put is conditional, so this is safe).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
+        # a job that failed for good (bad input, poison, retries spent) is rejected, not
+        # requeued: its record says why (worker.tasks)
+        task_acks_on_failure_or_timeout=False,
         worker_prefetch_multiplier=1,
         task_queues=[Queue(name) for name in QUEUES],
         task_default_queue=QUEUES[0],

@@ -2,44 +2,34 @@
 
 Celery's threads pool runs each job on a thread of its own: it reads the input, decodes it
 there (CPU work, many at once) and hands it to the model's batcher, then waits. The batcher's
-one thread owns the engine: it starts the inputs that arrived together once `batch_size` wait
+one thread owns the stream: it submits the inputs that arrived together once `batch_size` wait
 or the oldest has waited `max_wait_s` (a lone interactive job is held back no longer), and
-runs decode steps while any input is live, handing each result back when its last window is
+steps the stream while any input is in it, handing each result back when its last window is
 decoded. Interactive inputs are admitted ahead of bulk ones.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
+from engine import Stream, StreamStats, Transcription, TranscriptionOptions
 from engine.inputs import Prepared
-from engine.longform import TranscriptionOptions
-from engine.result import Transcription
-from engine.transcribe import Stream, Submission, Transcriber
 from worker import metrics
 
 log = logging.getLogger(__name__)
 
-CUDA_FAULT_EXIT = 70  # the process's exit status after a CUDA fault; its supervisor restarts it
-
-
-def _device_fault(error: Exception) -> bool:
-    """An error of the GPU itself (a device-side assert, an illegal address, a failed CUDA or
-    library call), after which its context cannot be trusted; not running out of memory."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return False
-    if isinstance(error, getattr(torch, "AcceleratorError", ())):
-        return True
-    words = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "device-side assert")
-    return isinstance(error, RuntimeError) and any(w in str(error) for w in words)
+# What to do when the GPU itself faults (a device-side assert, an illegal address): its CUDA
+# context cannot be trusted. The worker's entry point decides (it ends the process); without
+# one, the batcher fails the inputs in flight as for any engine error.
+DeviceFaultHandler = Callable[[BaseException], None]
 
 
 class EngineFailed(RuntimeError):
@@ -68,10 +58,17 @@ class Ticket:
 
 
 class Batcher:
-    """The one thread that runs a model's engine."""
+    """The one thread that runs a model's stream."""
 
-    def __init__(self, transcriber: Transcriber, batch_size: int, max_wait_s: float):
-        self.transcriber, self.batch_size, self.max_wait_s = transcriber, batch_size, max_wait_s
+    def __init__(
+        self,
+        stream: Stream,
+        batch_size: int,
+        max_wait_s: float,
+        on_device_fault: DeviceFaultHandler | None = None,
+    ):
+        self.stream, self.batch_size, self.max_wait_s = stream, batch_size, max_wait_s
+        self.on_device_fault = on_device_fault
         self.last_tick = time.monotonic()  # the loop's last turn: a stalled engine stops here
         self._inbox: queue.SimpleQueue[Ticket] = queue.SimpleQueue()
         self._pending: list[Ticket] = []
@@ -116,7 +113,7 @@ class Batcher:
 
     @torch.inference_mode()
     def _run(self) -> None:
-        stream = self.transcriber.stream()
+        stream = self.stream
         while not (self._closing and not stream.busy and not self._pending):
             self.last_tick = time.monotonic()
             self._take(stream.busy)
@@ -125,47 +122,42 @@ class Batcher:
                 ready = self._ready()
                 if ready:
                     metrics.BATCH.observe(len(ready))
-                    stream.add(
-                        [Submission(t, t.item, t.options, t.urgent, t._progress) for t in ready]
-                    )
+                    for t in ready:
+                        stream.submit(t, t.item, t.options, urgent=t.urgent, progress=t._progress)
                 if stream.busy:
-                    before = dict(stream.stats)
+                    before = stream.stats
                     finished = stream.step()
-                    self._count(before, stream.stats)
-                    for ticket, result in finished:
-                        metrics.AUDIO_SECONDS.inc(result.duration)
-                        ticket.future.set_result(result)
+                    self._count(stream.stats - before)
+                    for f in finished:
+                        metrics.AUDIO_SECONDS.inc(f.transcription.duration)
+                        f.owner.future.set_result(f.transcription)
             except Exception as e:  # noqa: BLE001 - every input in flight gets the error
-                stream = self._fail(stream, ready, e)
+                self._fail(ready, e)
 
     @staticmethod
-    def _count(before: dict, after: dict) -> None:
-        metrics.ENGINE_SECONDS.labels("encoder").inc(after["encode_s"] - before["encode_s"])
-        metrics.ENGINE_SECONDS.labels("decoder").inc(after["decode_s"] - before["decode_s"])
-        metrics.WINDOWS.inc(after["windows"] - before["windows"])
+    def _count(stats: StreamStats) -> None:
+        metrics.ENGINE_SECONDS.labels("encoder").inc(stats.encode_s)
+        metrics.ENGINE_SECONDS.labels("decoder").inc(stats.decode_s)
+        metrics.WINDOWS.inc(stats.windows)
 
-    def _fail(self, stream: Stream, ready: list[Ticket], error: Exception) -> Stream:
-        """Fail every input in flight with `error` and start a fresh stream."""
-        t = self.transcriber
-        if _device_fault(error):
-            # the CUDA context may be unusable: end the process; its supervisor starts a new
-            # one and the jobs in flight are taken over when their leases lapse
-            log.critical("engine fault on the GPU, exiting: %r", error, exc_info=error)
-            logging.shutdown()
-            os._exit(CUDA_FAULT_EXIT)
+    def _fail(self, ready: list[Ticket], error: Exception) -> None:
+        """Fail every input in flight with `error`; the stream starts again empty."""
+        stream = self.stream
+        tickets = set(stream.owners) | set(ready)
+        if isinstance(error, torch.AcceleratorError) and self.on_device_fault:
+            log.critical("engine fault on the GPU: %r", error, exc_info=error)
+            self.on_device_fault(error)
         retry = True
         if isinstance(error, torch.OutOfMemoryError):
-            retry = t.n_slots > 1
+            retry = stream.shrink()  # decode fewer windows at once rather than fail the jobs
             if retry:
-                t.shrink()  # decode fewer windows at once rather than fail the jobs
-                log.warning("out of memory: %s now decodes %d windows", t.loaded.name, t.n_slots)
+                slots = stream.engine.n_slots
+                log.warning("out of memory: %s now decodes %d windows", stream.engine.name, slots)
         else:
-            log.exception("engine error; failing the %d inputs in flight", len(stream.live))
-        tickets = {s.owner for s in stream.live} | set(ready)
-        stream.sched.reset()
+            log.exception("engine error; failing the %d inputs in flight", len(tickets))
+            stream.reset()
         for ticket in tickets:
             if not ticket.future.done():
                 failure = EngineFailed(f"the engine failed: {error!r}", retry)
                 failure.__cause__ = error
                 ticket.future.set_exception(failure)
-        return t.stream()

@@ -7,15 +7,14 @@ import importlib.util
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from worker.contract.formats import WRITERS
 from worker.contract.settings import get_settings
+from worker.supervisor import Child, Supervisor
 
 # What the `engine` extra installs; only `api` runs without it.
 ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "av", "tqdm", "jiwer", "moto")
@@ -26,57 +25,21 @@ def _stack(args: argparse.Namespace) -> int:
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
-    children: list[tuple[str, subprocess.Popen]] = []
-
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    # Both stop the stack, also when started in the background (where SIGINT is inherited
-    # as ignored).
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        redis_proc = ensure_redis(settings, start=True)
-        if redis_proc is not None:
-            children.append(("redis", redis_proc))
-        storage_proc = ensure_storage(settings, start=True)
-        if storage_proc is not None:
-            children.append(("storage", storage_proc))
-        cli = [sys.executable, "-m", "worker.cli"]
-        children.append(("worker", subprocess.Popen([*cli, "worker"])))
-        children.append(
-            ("api", subprocess.Popen([*cli, "api", "--host", args.host, "--port", str(args.port)]))
-        )
+    cli = [sys.executable, "-m", "worker.cli"]
+    with Supervisor(stop_timeout=15) as processes:
+        for name, ensure in (("redis", ensure_redis), ("storage", ensure_storage)):
+            if (proc := ensure(settings, start=True)) is not None:
+                processes.add(Child(name, proc=proc, restart=False))
+        processes.add(Child("worker", [*cli, "worker"]))
+        api = [*cli, "api", "--host", args.host, "--port", str(args.port)]
+        processes.add(Child("api", api, restart=False))
         print(
             f"whisperfleet: API on http://{args.host}:{args.port} (docs at /docs), "
             f"storage {settings.s3_endpoint_url}, Redis {settings.redis_url}. Ctrl-C stops it.",
             flush=True,
         )
-        while True:
-            for i, (name, proc) in enumerate(children):
-                if proc.poll() is None:
-                    continue
-                print(f"whisperfleet: {name} exited with {proc.returncode}", file=sys.stderr)
-                if name != "worker":
-                    return 1
-                # a worker that dies (a CUDA fault ends it on purpose) is started again;
-                # its jobs are taken over when their leases lapse
-                children[i] = (name, subprocess.Popen([*cli, "worker"]))
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        # Shut down once, in order, even if Ctrl-C is pressed again meanwhile.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for _, proc in reversed(children):
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc in children:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        return processes.watch()
+    return 0  # stopped by Ctrl-C or SIGTERM
 
 
 def _api(args: argparse.Namespace) -> int:
@@ -91,54 +54,26 @@ def _api(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     if args.gpus:
-        return _supervise_gpus(_gpu_list(args.gpus), args.concurrency)
+        return _worker_per_gpu(_gpu_list(args.gpus), args.concurrency)
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
     ensure_redis(settings, start=False)
     ensure_storage(settings, start=False)
-    import threading
+    from worker.app import app
 
-    from celery.signals import setup_logging
-
-    from worker import logs, metrics
-    from worker.contract.dispatch import dispatch
-    from worker.leases import Reconciler
-    from worker.tasks import app, transcribe
-
-    logs.configure(settings.log_format)
-    setup_logging.connect(lambda **_: logs.configure(settings.log_format), weak=False)
-    # Load (and on first use convert) the default model before taking jobs.
-    transcribe.engines.get(settings.default_model)
-    reconciler = Reconciler(
-        transcribe.store,
-        transcribe.leases,
-        lambda record: dispatch(app, transcribe.store, record),
-        settings.stale_after_s,
-        settings.max_attempts,
-    )
-    metrics.serve(settings.metrics_port, transcribe.store, transcribe.leases.held)
-    stop = threading.Event()
-    threading.Thread(
-        target=reconciler.loop, args=(settings.reconcile_every_s, stop), daemon=True
-    ).start()
-    threading.Thread(
-        target=transcribe.leases.heartbeat, args=(transcribe.engines.healthy, stop), daemon=True
-    ).start()
-    concurrency = args.concurrency or settings.worker_concurrency
+    # what the worker runs besides its jobs starts from Celery's signals (worker.lifecycle),
+    # as it does under `celery -A worker.app worker`
     app.worker_main(
         [
             "worker",
             "--loglevel=INFO",
-            "--pool=threads",
-            f"--concurrency={concurrency}",
-            "--queues=interactive,bulk",
+            f"--concurrency={args.concurrency or settings.worker_concurrency}",
             f"--hostname=whisperfleet-{os.getpid()}@{socket.gethostname()}",
             "--without-gossip",
             "--without-mingle",
         ]
     )
-    stop.set()
     return 0
 
 
@@ -158,61 +93,45 @@ def _gpu_list(spec: str) -> list[str]:
     return [str(i) for i in range(int(count))]
 
 
-def _supervise_gpus(gpus: list[str], concurrency: int | None) -> int:
+def _worker_per_gpu(gpus: list[str], concurrency: int | None) -> int:
     """One worker process per GPU (each sees only its own), restarted when it dies;
     SIGTERM or Ctrl-C drains them all."""
     cli = [sys.executable, "-m", "worker.cli", "worker"]
     if concurrency:
         cli += ["--concurrency", str(concurrency)]
-
     port = get_settings().metrics_port
+    with Supervisor(stop_timeout=None) as processes:
+        for i, gpu in enumerate(gpus):
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+            if port:
+                env["WHISPERFLEET_METRICS_PORT"] = str(port + i)
+            processes.add(Child(f"worker on GPU {gpu}", cli, env))
+        return processes.watch()
+    return 0  # drained after Ctrl-C or SIGTERM
 
-    def start(gpu: str) -> subprocess.Popen:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-        if port:
-            env["WHISPERFLEET_METRICS_PORT"] = str(port + gpus.index(gpu))
-        return subprocess.Popen(cli, env=env)
 
-    stopping = False
+def _engine(args: argparse.Namespace, **config: object):
+    """The stream for `--model` (a served name, or a directory) on `--device`."""
+    from engine import Engine, EngineConfig
 
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    procs = {gpu: start(gpu) for gpu in gpus}
-    while not stopping:
-        for gpu, proc in procs.items():
-            if proc.poll() is not None:
-                print(
-                    f"whisperfleet: worker on GPU {gpu} exited with {proc.returncode}; "
-                    "restarting it",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                procs[gpu] = start(gpu)
-        time.sleep(1.0)
-    for proc in procs.values():
-        proc.terminate()  # Celery's warm shutdown: finish what is in flight
-    for proc in procs.values():
-        proc.wait()
-    return 0
+    settings = get_settings()
+    return Engine.open(
+        EngineConfig(
+            model=settings.models.get(args.model, args.model),
+            name=args.model,
+            device=args.device or "auto",
+            cache_dir=settings.cache_dir,
+            **config,
+        )
+    )
 
 
 def _transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine.audio import AudioError
-    from engine.inputs import SpectrogramError
-    from engine.longform import OptionsError, TranscriptionOptions
-    from engine.transcribe import Transcriber
+    from engine import AudioError, OptionsError, SpectrogramError, TranscriptionOptions
 
-    settings = get_settings()
-    source = settings.models.get(args.model, args.model)
-    transcriber = Transcriber.load(
-        source, device=args.device, cache_dir=settings.cache_dir, name=args.model
-    )
+    stream = _engine(args)
     options = TranscriptionOptions(
         task=args.task, language=args.language, mode=args.mode, initial_prompt=args.prompt
     )
@@ -226,7 +145,7 @@ def _transcribe(args: argparse.Namespace) -> int:
                 bar.update(round(done - bar.n, 1))
 
             try:
-                result = transcriber.transcribe(Path(path).read_bytes(), options, progress)
+                [result] = stream.transcribe([Path(path).read_bytes()], options, progress)
             except (OSError, AudioError, SpectrogramError, OptionsError) as e:
                 print(f"{path}: {e}", file=sys.stderr)
                 failed += 1
@@ -240,24 +159,13 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
     from tqdm import tqdm
 
-    from engine.evaluate import evaluate
-    from engine.transcribe import Transcriber
+    from engine.tools.evaluate import evaluate
 
-    settings = get_settings()
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    transcriber = Transcriber.load(
-        settings.models.get(args.model, args.model),
-        device=args.device,
-        dtype=dtype,
-        cache_dir=settings.cache_dir,
-        name=args.model,
-    )
     report = evaluate(
         Path(args.manifest),
-        transcriber,
+        _engine(args, dtype=args.dtype),
         reference=not args.no_reference,
         progress=lambda items: tqdm(items, unit="clip", file=sys.stderr),
     )
@@ -270,14 +178,11 @@ def _eval(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import torch
 
-    from engine import bench
-    from engine.loader import load_model
-
     if not torch.cuda.is_available():
         print("whisperfleet bench needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.real:
-        from engine import gpu_checks
+        from engine.tools import gpu_checks
 
         reports = gpu_checks.run(args.real.split(","), Path(args.manifest))
         for r in reports:
@@ -287,27 +192,15 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps([r.__dict__ for r in reports], indent=1))
         return 0 if all(r.passed for r in reports) else 1
-    rows = []
-    for size in args.model.split(","):
-        batches = [int(b) for b in args.batches.split(",")]
-        for system in args.systems.split(","):
-            for b in batches:
-                if system in ("engine", "fp8", "bf16"):
-                    cross = torch.float8_e4m3fn if system == "fp8" else None
-                    dtype = torch.bfloat16 if system == "bf16" else torch.float16
-                    loaded = load_model(f"random:{size}", device="cuda", dtype=dtype)
-                    rows.append(bench.bench_engine(loaded, b, args.tokens, cross))
-                    if args.mixed and b > 1:
-                        rows.append(bench.bench_engine(loaded, b, (10, 200), cross))
-                    del loaded
-                    torch.cuda.empty_cache()
-                else:
-                    try:
-                        rows.append(bench.bench_transformers(size, b, system, args.tokens))
-                    except Exception as e:  # out of memory, or a transformers limit: say so
-                        print(f"transformers {system} at batch {b}: {e!r}"[:300], file=sys.stderr)
-                    torch.cuda.empty_cache()
-                print(bench.table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    from engine.tools import bench
+
+    rows = bench.run(
+        args.model.split(","),
+        [int(b) for b in args.batches.split(",")],
+        args.systems.split(","),
+        args.tokens,
+        args.mixed,
+    )
     print(bench.table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))

@@ -1,5 +1,9 @@
-"""The models one worker process serves: each loaded on first use with a batcher that runs
-it, kept while the memory budget allows, the least recently used dropped first."""
+"""The models one worker process serves: each opened on first use with a batcher that runs
+its stream, kept while the memory budget allows, the least recently used dropped first.
+
+A model loads (and, the first time, converts) outside the lock: job threads of the models
+already loaded go on meanwhile, and those that want the loading one wait for it alone.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
-from engine.loader import load_model
-from engine.longform import TranscriptionOptions
-from engine.result import Transcription
-from engine.transcribe import Transcriber, slots_for
-from worker.batching import Batcher, EngineFailed, Ticket
+from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
+from worker.batching import Batcher, DeviceFaultHandler, EngineFailed, Ticket
 from worker.contract.jobs import JobOptions
 from worker.contract.settings import Settings
 
@@ -27,48 +29,75 @@ class UnknownModel(ValueError):
     pass
 
 
-def _model_bytes(t: Transcriber) -> int:
-    return sum(p.numel() * p.element_size() for p in t.loaded.model.parameters())
-
-
 class Engines:
-    """Each model's transcriber and the batcher that runs it, shared by the job threads."""
+    """Each model's stream and the batcher that runs it, shared by the job threads."""
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
+    def __init__(self, settings: Settings, on_device_fault: DeviceFaultHandler | None = None):
+        self.settings, self.on_device_fault = settings, on_device_fault
         self._loaded: OrderedDict[str, Batcher] = OrderedDict()
-        self._lock = threading.Lock()  # loading and dropping models
+        self._loading: dict[str, Future[Batcher]] = {}
+        self._lock = threading.Lock()  # the two maps above, never held while a model loads
 
-    def _get(self, name: str) -> Batcher:
-        models = self.settings.models
-        if name not in models:
-            raise UnknownModel(f"unknown model {name!r}; available: {', '.join(models)}")
-        if name in self._loaded:
-            self._loaded.move_to_end(name)
-            return self._loaded[name]
-        device = None if self.settings.device == "auto" else self.settings.device
-        loaded = load_model(
-            models[name], device=device, cache_dir=self.settings.cache_dir, name=name
+    def config(self, name: str) -> EngineConfig:
+        """How this worker runs model `name` (its settings as the engine's config)."""
+        s = self.settings
+        return EngineConfig(
+            model=s.models[name],
+            name=name,
+            device=s.device,
+            cache_dir=s.cache_dir,
+            slot_memory_bytes=s.slot_memory_bytes,
+            cross_kv=s.cross_kv,
+            kernels=s.kernels,
+            max_spectrogram_frames=s.max_spectrogram_frames,
         )
-        cross = torch.float8_e4m3fn if self.settings.cross_kv == "fp8" else None
-        slots = slots_for(loaded, self.settings.slot_memory_bytes, cross)
-        transcriber = Transcriber(loaded, slots, cross_dtype=cross)
-        transcriber.max_spectrogram_frames = self.settings.max_spectrogram_frames
-        budget, size = self.settings.model_memory_bytes, _model_bytes(transcriber)
-        while self._loaded and size + sum(map(_model_bytes, self._transcribers())) > budget:
-            dropped, batcher = self._loaded.popitem(last=False)
-            batcher.close()  # after the inputs it holds are done
-            log.info("dropped model %s to keep within %d bytes", dropped, budget)
-        batch = self.settings.batch_size or transcriber.encoder_batch
-        self._loaded[name] = Batcher(transcriber, batch, self.settings.batch_max_wait_ms / 1000)
-        return self._loaded[name]
 
-    def _transcribers(self) -> list[Transcriber]:
-        return [b.transcriber for b in self._loaded.values()]
-
-    def get(self, name: str) -> Transcriber:
+    def _batcher(self, name: str) -> Batcher:
+        if name not in self.settings.models:
+            available = ", ".join(self.settings.models)
+            raise UnknownModel(f"unknown model {name!r}; available: {available}")
         with self._lock:
-            return self._get(name).transcriber
+            if name in self._loaded:
+                self._loaded.move_to_end(name)
+                return self._loaded[name]
+            loading = self._loading.get(name)
+            if loading is None:
+                loading = self._loading[name] = Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return loading.result()  # another thread loads it; its error is ours too
+        try:
+            batcher = self._open(name)
+        except BaseException as e:
+            with self._lock:
+                del self._loading[name]
+            loading.set_exception(e)
+            raise
+        loading.set_result(batcher)
+        return batcher
+
+    def _open(self, name: str) -> Batcher:
+        stream = Engine.open(self.config(name))
+        s = self.settings
+        batch = s.batch_size or stream.engine.encoder_batch
+        batcher = Batcher(stream, batch, s.batch_max_wait_ms / 1000, self.on_device_fault)
+        with self._lock:
+            size = stream.engine.weight_bytes
+            kept = sum(b.stream.engine.weight_bytes for b in self._loaded.values())
+            while self._loaded and size + kept > s.model_memory_bytes:
+                dropped, old = self._loaded.popitem(last=False)
+                old.close()  # after the inputs it holds are done
+                kept -= old.stream.engine.weight_bytes
+                log.info("dropped model %s to keep within %d bytes", dropped, s.model_memory_bytes)
+            self._loaded[name] = batcher
+            del self._loading[name]
+        return batcher
+
+    def get(self, name: str) -> Stream:
+        """Model `name`'s stream, opened if need be (the batcher's thread steps it)."""
+        return self._batcher(name).stream
 
     def healthy(self, stall_s: float = 60.0) -> bool:
         """Whether every model's batcher has turned its loop within `stall_s`."""
@@ -90,17 +119,18 @@ class Engines:
     ) -> Transcription:
         """Decode `data` on this thread, transcribe it among the other jobs' inputs, and call
         `on_wait` every `wait_s` seconds meanwhile (to record progress)."""
-        with self._lock:
-            batcher = self._get(name)
-        t = batcher.transcriber
-        engine_options = TranscriptionOptions(
-            task=options.task,
-            language=options.language,
-            mode=options.mode,
-            initial_prompt=options.prompt,
-        ).verified(t.loaded.tokenizer)
+        batcher = self._batcher(name)
+        stream = batcher.stream
+        engine_options = stream.check(
+            TranscriptionOptions(
+                task=options.task,
+                language=options.language,
+                mode=options.mode,
+                initial_prompt=options.prompt,
+            )
+        )
         while True:
-            ticket = batcher.submit(t.prepare(data), engine_options, urgent)
+            ticket = batcher.submit(stream.prepare(data), engine_options, urgent)
             try:
                 while True:
                     try:

@@ -94,6 +94,15 @@ class Leases:
                     break
 
 
+def poison(record: JobRecord, max_attempts: int) -> JobError | None:
+    """The poison rule, for the task and the reconciler alike: a job started `max_attempts`
+    times without finishing keeps killing its workers; fail it rather than start it again."""
+    if record.attempts < max_attempts:
+        return None
+    reason = f"the job was started {record.attempts} times without finishing"
+    return JobError(code="poison", message=reason)
+
+
 def _job_id(raw: bytes) -> str | None:
     """The job id a queued Celery message (kombu's JSON, base64 body) carries."""
     try:
@@ -135,11 +144,10 @@ class Reconciler:
                     self.store.touch(job_id)  # its message waits in a queue
                     continue
             try:
-                if record.status is JobStatus.running and record.attempts >= self.max_attempts:
-                    reason = f"the job was started {record.attempts} times without finishing"
-                    error = JobError(code="poison", message=reason)
+                error = poison(record, self.max_attempts)
+                if record.status is JobStatus.running and error:
                     self.store.transition(job_id, JobStatus.failed, error=error)
-                    log.warning("job %s failed as poison: %s", job_id, reason)
+                    log.warning("job %s failed as poison: %s", job_id, error.message)
                     done["poison"] += 1
                     continue
                 if record.status is JobStatus.running:

@@ -18,8 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.kernels import use_triton
-
 # Settings measured on an H200 (scripts/tune_kernels.py, 2026-11-30): 256 positions per loop
 # iteration and 4 warps were best or within 2% of it for batches 1 to 512.
 BLOCK_N = 256  # positions per loop iteration
@@ -32,15 +30,18 @@ TARGET_PROGRAMS = 1024  # split until this many (row, head, split) programs run
 LIBRARY_FROM = 1024
 
 
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None = None) -> Tensor:
+def decode_attention(
+    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None = None, triton: bool = False
+) -> Tensor:
     """
     q: shape = (batch, n_head, d_head), one query per row
     k, v: shape = (batch, n_head, n_keys, d_head), any float dtype (fp8 is widened)
     lengths: shape = (batch,), how many leading keys each row sees (default: all n_keys)
+    triton: use the Triton kernel where it pays (on CUDA), else SDPA
     returns: shape = (batch, n_head, d_head), in q's dtype
     """
     library = lengths is None and k.dtype == q.dtype and q.shape[0] * q.shape[1] >= LIBRARY_FROM
-    if use_triton(q) and not library:
+    if triton and q.is_cuda and not library:
         return triton_decode_attention(q, k, v, lengths)
     return torch_decode_attention(q, k, v, lengths)
 

@@ -21,7 +21,6 @@ from engine.decoding import (
     SuppressEarlyEnd,
     SuppressTokens,
 )
-from engine.kernels import use_triton
 
 BLOCK = 2048  # vocabulary entries per loop iteration
 
@@ -29,8 +28,11 @@ BLOCK = 2048  # vocabulary entries per loop iteration
 class GreedyRules:
     """A list of `engine.decoding` filters, as the fused kernel's arguments."""
 
-    def __init__(self, filters: list[LogitFilter], n_vocab: int, device: torch.device):
-        self.filters, self.n_vocab = filters, n_vocab
+    def __init__(
+        self, filters: list[LogitFilter], n_vocab: int, device: torch.device, triton: bool
+    ):
+        """triton: choose with the fused kernel (on CUDA), else with the filters in torch."""
+        self.filters, self.n_vocab, self.triton = filters, n_vocab, triton
         self.suppress = torch.zeros(n_vocab, dtype=torch.uint8, device=device)
         self.blank: Tensor | None = None
         self.eot, self.timestamp_rules = -1, None
@@ -54,7 +56,7 @@ class GreedyRules:
         logits: shape = (batch, n_vocab), any float dtype, rows may be strided
         timestamps: whether any row predicts timestamps (else the timestamp rules are skipped)
         """
-        if use_triton(logits):
+        if self.triton and logits.is_cuda:
             return self.triton_select(logits, state, timestamps)
         return self.torch_select(logits, state, timestamps)
 

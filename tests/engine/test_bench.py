@@ -1,6 +1,6 @@
 """The bench's table: an engine row's ratio is over transformers' static cache at its batch."""
 
-from engine.bench import Row, table
+from engine.tools.bench import Row, engine_run, table
 
 
 def test_table_gives_engine_rows_their_ratio_over_static_at_the_same_batch():
@@ -18,3 +18,16 @@ def test_table_gives_engine_rows_their_ratio_over_static_at_the_same_batch():
     assert lines[4].endswith("| 3.0 |  |")  # no static row at batch 256
     static_b1 = "| random:tiny | transformers static | 1 | 100 | 5.0 | 150 | 190.0 | 0.1 |  |"
     assert lines[6] == static_b1
+
+
+def test_the_engine_runs_its_work_through_a_stream_each_window_exactly_its_length():
+    from engine import EngineConfig
+
+    config = EngineConfig(model="random:tiny", device="cpu", slots=4, encoder_batch=2)
+    lengths = [3, 9, 5]
+    run = engine_run(config, 7, lengths)
+    tokens = run()
+    assert [len(t) for t in tokens] == [3, 9, 5, 3, 9, 5, 3]
+    assert run() == tokens  # greedy, the same work again
+    first = tokens[0]
+    assert all(t[:3] == first for t in tokens[::3])  # the same input (an input every 3)

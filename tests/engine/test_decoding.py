@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from engine import TranscriptionOptions
 from engine.decoding import (
     ApplyTimestampRules,
     DecodeState,
@@ -12,14 +13,14 @@ from engine.decoding import (
     WindowTask,
     prompt_tokens,
 )
-from engine.longform import TranscriptionOptions, Window, split_segments
+from engine.longform import Window, split_segments
 
 NEG = float("-inf")
 
 
 @pytest.fixture(scope="module")
 def tok(tiny_en):
-    return tiny_en.loaded.tokenizer
+    return tiny_en.engine.loaded.tokenizer
 
 
 def state(tok, sampled: list[list[int]], timestamps=True) -> DecodeState:

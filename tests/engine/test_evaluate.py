@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from engine.evaluate import evaluate
+from engine.tools.evaluate import evaluate
 
 DATA = Path(__file__).parent.parent / "data"
 

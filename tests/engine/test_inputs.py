@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor
 
+from engine import TranscriptionOptions
 from engine.audio import decode_audio
 from engine.inputs import SpectrogramError, audio_sources, spectrogram_source
-from engine.longform import TranscriptionOptions
+from tests.conftest import transcribe
 
 CPU = torch.device("cpu")
 
@@ -37,8 +38,8 @@ def test_a_window_spectrogram_gives_the_tokens_of_its_audio(tiny_en, clips, form
         buf = io.BytesIO()
         np.save(buf, mel)
         item = buf.getvalue()
-    from_mel = tiny_en.transcribe(item)
-    from_audio = tiny_en.transcribe(clip.bytes)
+    from_mel = transcribe(tiny_en, item)
+    from_audio = transcribe(tiny_en, clip.bytes)
     assert tokens(from_mel) == tokens(from_audio)
     assert from_mel.duration == pytest.approx(clip.duration, abs=0.02)  # from where silence starts
 
@@ -53,7 +54,7 @@ def test_a_long_spectrogram_gives_the_tokens_of_its_audio(tiny_en, clips):
     mel = extractor_features(audio, long=True)[0]
     assert mel.shape[1] > 3000
     options = TranscriptionOptions(temperature=(0.0,))
-    assert tokens(tiny_en.transcribe(mel, options)) == tokens(tiny_en.transcribe(audio, options))
+    assert tokens(transcribe(tiny_en, mel, options)) == tokens(transcribe(tiny_en, audio, options))
 
 
 def test_long_audio_frames_equal_the_extractor_and_pad_with_the_floor(clips):
@@ -129,6 +130,6 @@ def test_audio_and_spectrograms_share_one_batch(tiny_en, clips):
     names = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
     mel = extractor_features(decode_audio(clips[names[1]].bytes))[0]
     items = [clips[names[0]].bytes, mel, clips[names[2]].bytes]
-    together = tiny_en.transcribe_batch(items)
-    assert [tokens(r) for r in together] == [tokens(tiny_en.transcribe(i)) for i in items]
-    assert tokens(together[1]) == tokens(tiny_en.transcribe(clips[names[1]].bytes))
+    together = tiny_en.transcribe(items)
+    assert [tokens(r) for r in together] == [tokens(transcribe(tiny_en, i)) for i in items]
+    assert tokens(together[1]) == tokens(transcribe(tiny_en, clips[names[1]].bytes))

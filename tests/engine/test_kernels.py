@@ -62,11 +62,11 @@ def rules():
     tok, n_vocab = random_tokenizer("tiny"), 51865  # Whisper's multilingual vocabulary
     suppress = suppressed_tokens(tok, [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31], ())
     filters = build_filters(tok, n_vocab, suppress, True, 1.0, 1500, DEVICE)
-    return GreedyRules(filters, n_vocab, DEVICE), tok
+    return GreedyRules(filters, n_vocab, DEVICE, triton=True), tok
 
 
 def random_state(tok, rows: int, g: torch.Generator) -> DecodeState:
-    """Histories of text and timestamp tokens of random lengths, as the scheduler keeps them."""
+    """Histories of text and timestamp tokens of random lengths, as the decode state keeps them."""
     begin = tok.timestamp_begin
     n_sampled, last, penultimate, last_ts = [], [], [], []
     for _ in range(rows):

@@ -7,11 +7,12 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
+from engine import TranscriptionOptions
 from engine.audio import decode_audio
-from engine.evaluate import GREEDY
-from engine.loader import PACKAGED, _package_file
-from engine.longform import TranscriptionOptions
-from engine.wer import word_error_rate
+from engine.loader import PACKAGED, package_file
+from engine.tools.evaluate import GREEDY
+from engine.tools.wer import word_error_rate
+from tests.conftest import transcribe
 
 ENGLISH = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
 
@@ -28,23 +29,25 @@ def tokens(result) -> list[int]:
 
 @pytest.fixture(scope="module")
 def hf_tiny_en(tiny_en):
-    return WhisperForConditionalGeneration.from_pretrained(tiny_en.loaded.path, dtype=torch.float32)
+    path = tiny_en.engine.loaded.path
+    return WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
 
 
 def test_tiny_en_tokens_equal_transformers_greedy(tiny_en, hf_tiny_en, clips):
     for name in ENGLISH:
         expected = hf_tiny_en.generate(torch.from_numpy(features(clips[name])))[0].tolist()
-        expected = [t for t in expected if t < tiny_en.loaded.tokenizer.eot]
-        assert tokens(tiny_en.transcribe(clips[name].bytes, GREEDY)) == expected, name
+        expected = [t for t in expected if t < tiny_en.engine.loaded.tokenizer.eot]
+        assert tokens(transcribe(tiny_en, clips[name].bytes, GREEDY)) == expected, name
 
 
 def test_base_tokens_and_language_equal_transformers(base, clips):
-    hf = WhisperForConditionalGeneration.from_pretrained(base.loaded.path, dtype=torch.float32)
+    path = base.engine.loaded.path
+    hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
     for name in ("en_jfk", "fr_fleurs_000"):
         expected = hf.generate(torch.from_numpy(features(clips[name])))[0].tolist()
-        ours = base.transcribe(clips[name].bytes, GREEDY)
+        ours = transcribe(base, clips[name].bytes, GREEDY)
         assert ours.language == clips[name].language
-        assert tokens(ours) == [t for t in expected if t < base.loaded.tokenizer.eot]
+        assert tokens(ours) == [t for t in expected if t < base.engine.loaded.tokenizer.eot]
 
 
 def _ctranslate2_tokens(model_dir, mel, prompt) -> list[int]:
@@ -57,30 +60,29 @@ def _ctranslate2_tokens(model_dir, mel, prompt) -> list[int]:
 
 
 def test_converted_tiny_en_equals_ctranslate2_on_the_original(tiny_en, clips):
-    original = _package_file(*PACKAGED["tiny.en"][0]).parent
-    tok = tiny_en.loaded.tokenizer
+    original = package_file(*PACKAGED["tiny.en"][0]).parent
+    tok = tiny_en.engine.loaded.tokenizer
     for name in ENGLISH:
         mel = features(clips[name])
         expected = _ctranslate2_tokens(original, mel, [tok.sot, tok.no_timestamps])
-        assert tokens(tiny_en.transcribe(mel, GREEDY)) == expected, name
+        assert tokens(transcribe(tiny_en, mel, GREEDY)) == expected, name
 
 
 def test_converted_base_equals_ctranslate2_on_the_joined_original(base, clips, tmp_path):
-    parts = [_package_file(*part) for part in PACKAGED["base"]]
+    parts = [package_file(*part) for part in PACKAGED["base"]]
     with open(tmp_path / "model.bin", "wb") as out:
         for part in parts:
             out.write(part.read_bytes())
     for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
         (tmp_path / name).write_bytes((parts[0].parent / name).read_bytes())
-    tok = base.loaded.tokenizer
+    tok = base.engine.loaded.tokenizer
     mel = features(clips["fr_fleurs_000"])
     expected = _ctranslate2_tokens(tmp_path, mel, tok.sot_sequence("fr", "transcribe"))
-    ours = base.transcribe(
-        mel, TranscriptionOptions(language="fr", timestamps=False, temperature=(0.0,))
-    )
+    options = TranscriptionOptions(language="fr", timestamps=False, temperature=(0.0,))
+    ours = transcribe(base, mel, options)
     assert tokens(ours) == expected
 
 
 def test_tiny_en_word_error_rate_on_clean_speech(tiny_en, english_clips):
-    hypotheses = [r.text for r in tiny_en.transcribe_batch([c.bytes for c in english_clips])]
+    hypotheses = [r.text for r in tiny_en.transcribe([c.bytes for c in english_clips])]
     assert word_error_rate([c.reference for c in english_clips], hypotheses) <= 0.10

@@ -4,21 +4,22 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from engine import OptionsError, TranscriptionOptions
 from engine.audio import decode_audio
 from engine.decoding import compression_ratio
-from engine.evaluate import timestamps_ok
-from engine.longform import OptionsError, TranscriptionOptions
-from engine.wer import normalize
+from engine.tools.evaluate import timestamps_ok
+from engine.tools.wer import normalize
+from tests.conftest import open_stream, transcribe
 
 
 def test_result_shape_and_invariants(tiny_en, clips):
     clip = clips["en_jfk"]
-    result = tiny_en.transcribe(clip.bytes)
+    result = transcribe(tiny_en, clip.bytes)
     assert result.language == "en" and result.model == "tiny.en"
     assert result.duration == pytest.approx(clip.duration, abs=0.01)
     assert "ask not what your country can do for you" in result.text
     assert result.text == "".join(s.text for s in result.segments).strip()
-    tok = tiny_en.loaded.tokenizer
+    tok = tiny_en.engine.loaded.tokenizer
     for i, s in enumerate(result.segments):
         assert s.id == i and tok.decode(s.tokens) == s.text
         assert s.tokens[0] >= tok.timestamp_begin and s.tokens[-1] >= tok.timestamp_begin
@@ -30,15 +31,13 @@ def test_result_shape_and_invariants(tiny_en, clips):
 
 
 def test_a_batch_equals_one_at_a_time(tiny_en, english_clips):
-    batch = tiny_en.transcribe_batch([c.bytes for c in english_clips])
+    batch = tiny_en.transcribe([c.bytes for c in english_clips])
     for clip, together in zip(english_clips, batch, strict=True):
-        alone = tiny_en.transcribe(clip.bytes)
+        alone = transcribe(tiny_en, clip.bytes)
         assert [s.tokens for s in together.segments] == [s.tokens for s in alone.segments]
 
 
 def test_a_stream_takes_inputs_while_it_decodes_each_with_its_own_options(tiny_en, clips):
-    from engine.transcribe import Submission
-
     names = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
     options = [
         TranscriptionOptions(),
@@ -46,36 +45,73 @@ def test_a_stream_takes_inputs_while_it_decodes_each_with_its_own_options(tiny_e
         TranscriptionOptions(initial_prompt="Kennedy, Lee Harvey Oswald."),
     ]
     prepared = [tiny_en.prepare(clips[n].bytes) for n in names]
-    stream = tiny_en.stream()
-    stream.add([Submission(0, prepared[0], options[0])])
-    results = dict(stream.step())  # the first input is decoding...
-    assert stream.busy and not results
-    late = [Submission(1, prepared[1], options[1]), Submission(2, prepared[2], options[2], True)]
-    stream.add(late)  # ...when two more arrive, the urgent one queued ahead
-    assert [s.owner for s in stream.live] == [2, 0, 1]
-    while stream.busy:
-        results.update(stream.step())
-    for i, name in enumerate(names):
-        alone = tiny_en.transcribe(clips[name].bytes, options[i])
-        assert [s.tokens for s in results[i].segments] == [s.tokens for s in alone.segments]
-        assert results[i].options["mode"] == options[i].mode
+    before = tiny_en.stats
+    tiny_en.submit("first", prepared[0], options[0])
+    results = {f.owner: f.transcription for f in tiny_en.step()}  # the first is decoding...
+    assert tiny_en.busy and not results and (tiny_en.stats - before).windows == 1
+    tiny_en.submit("second", prepared[1], options[1])  # ...when two more arrive
+    tiny_en.submit("third", prepared[2], options[2], urgent=True)
+    with pytest.raises(ValueError, match="already in the stream"):
+        tiny_en.submit("third", prepared[2])
+    while tiny_en.busy:
+        results.update((f.owner, f.transcription) for f in tiny_en.step())
+    done = tiny_en.stats - before
+    assert done.windows == 3 and done.decode_s > 0 and done.encode_s > 0
+    for owner, name, o in zip(["first", "second", "third"], names, options, strict=True):
+        alone = transcribe(tiny_en, clips[name].bytes, o)
+        assert [s.tokens for s in results[owner].segments] == [s.tokens for s in alone.segments]
+        assert results[owner].options["mode"] == o.mode
+
+
+def test_an_aborted_input_leaves_its_slots_and_never_comes_back(tiny_en, clips, long_clip):
+    data, _, _ = long_clip
+    tiny_en.submit("long", tiny_en.prepare(data))
+    tiny_en.submit("short", tiny_en.prepare(clips["en_jfk"].bytes))
+    tiny_en.step()  # both decoding
+    assert tiny_en.abort("long") and not tiny_en.abort("long") and not tiny_en.abort("other")
+    assert tiny_en.owners == ["short"]
+    finished = []
+    while tiny_en.busy:
+        finished += tiny_en.step()
+    assert [f.owner for f in finished] == ["short"]
+    alone = transcribe(tiny_en, clips["en_jfk"].bytes)
+    assert finished[0].transcription.text == alone.text
+    # the pool is whole again: a full batch runs as before
+    again = tiny_en.transcribe([data, clips["en_jfk"].bytes])
+    assert again[1].text == alone.text and again[0].duration > 30
+
+
+def test_an_input_aborted_before_its_first_step_is_dropped(tiny_en, clips):
+    tiny_en.submit("gone", tiny_en.prepare(clips["en_jfk"].bytes))
+    assert tiny_en.abort("gone") and not tiny_en.busy
+    assert tiny_en.step() == []
+
+
+def test_transcribe_needs_an_idle_stream(tiny_en, clips):
+    tiny_en.submit("busy", tiny_en.prepare(clips["en_jfk"].bytes))
+    try:
+        with pytest.raises(RuntimeError, match="idle stream"):
+            tiny_en.transcribe([clips["en_jfk"].bytes])
+    finally:
+        tiny_en.reset()
+    assert not tiny_en.busy
 
 
 def test_silence_has_a_high_no_speech_probability_and_can_be_skipped(tiny_en):
     silence = np.zeros(16000 * 5, np.float32)
     # As openai-whisper does, a confident hallucination (log-prob above -1) is kept...
-    kept = tiny_en.transcribe(silence)
+    kept = transcribe(tiny_en, silence)
     assert all(s.no_speech_prob > 0.6 for s in kept.segments)
     # ...unless the no-speech probability alone decides.
-    skipped = tiny_en.transcribe(silence, TranscriptionOptions(logprob_threshold=None))
+    skipped = transcribe(tiny_en, silence, TranscriptionOptions(logprob_threshold=None))
     assert skipped.segments == [] and skipped.text == ""
 
 
 def test_english_only_model_refuses_translate_and_other_languages(tiny_en, clips):
     with pytest.raises(OptionsError, match="multilingual"):
-        tiny_en.transcribe(clips["en_jfk"].bytes, TranscriptionOptions(task="translate"))
+        transcribe(tiny_en, clips["en_jfk"].bytes, TranscriptionOptions(task="translate"))
     with pytest.raises(OptionsError, match="multilingual"):
-        tiny_en.transcribe(clips["en_jfk"].bytes, TranscriptionOptions(language="fr"))
+        transcribe(tiny_en, clips["en_jfk"].bytes, TranscriptionOptions(language="fr"))
 
 
 def test_bad_options_are_refused_before_work(tiny_en, clips):
@@ -85,26 +121,27 @@ def test_bad_options_are_refused_before_work(tiny_en, clips):
         (TranscriptionOptions(temperature=()), "temperature"),
     ]:
         with pytest.raises(OptionsError, match=words):
-            tiny_en.transcribe(clips["en_jfk"].bytes, options)
+            transcribe(tiny_en, clips["en_jfk"].bytes, options)
 
 
 def test_multilingual_detects_and_honours_a_given_language(base, clips):
-    detected = base.transcribe(clips["fr_fleurs_000"].bytes)
+    detected = transcribe(base, clips["fr_fleurs_000"].bytes)
     assert detected.language == "fr" and detected.language_probability > 0.5
-    given = base.transcribe(clips["fr_fleurs_000"].bytes, TranscriptionOptions(language="fr"))
+    given = transcribe(base, clips["fr_fleurs_000"].bytes, TranscriptionOptions(language="fr"))
     assert given.language == "fr" and given.language_probability is None
     with pytest.raises(OptionsError, match="unknown language 'xx'"):
-        base.transcribe(clips["fr_fleurs_000"].bytes, TranscriptionOptions(language="xx"))
+        transcribe(base, clips["fr_fleurs_000"].bytes, TranscriptionOptions(language="xx"))
 
 
 def test_translate_gives_english(base, clips):
-    result = base.transcribe(clips["fr_fleurs_000"].bytes, TranscriptionOptions(task="translate"))
+    result = transcribe(base, clips["fr_fleurs_000"].bytes, TranscriptionOptions(task="translate"))
     assert "accident" in result.text.lower()
 
 
 def test_initial_prompt_steers_spelling(tiny_en, clips):
-    plain = tiny_en.transcribe(clips["en_librispeech_1272-128104-0000"].bytes)
-    prompted = tiny_en.transcribe(
+    plain = transcribe(tiny_en, clips["en_librispeech_1272-128104-0000"].bytes)
+    prompted = transcribe(
+        tiny_en,
         clips["en_librispeech_1272-128104-0000"].bytes,
         TranscriptionOptions(initial_prompt="Mister Kwilter, the apostle."),
     )
@@ -125,7 +162,7 @@ def long_clip(clips):
 @pytest.mark.parametrize("mode", ["sequential", "chunked"])
 def test_long_audio_in_both_modes(tiny_en, long_clip, mode):
     data, duration, references = long_clip
-    result = tiny_en.transcribe(data, TranscriptionOptions(mode=mode))
+    result = transcribe(tiny_en, data, TranscriptionOptions(mode=mode))
     assert result.duration == pytest.approx(duration, abs=0.01)
     text = normalize(result.text)
     for reference in references:
@@ -138,7 +175,7 @@ def test_long_audio_in_both_modes(tiny_en, long_clip, mode):
 def test_progress_is_reported_up_to_the_duration(tiny_en, long_clip):
     data, duration, _ = long_clip
     seen = []
-    tiny_en.transcribe(data, progress=lambda i, done, total: seen.append((i, done, total)))
+    transcribe(tiny_en, data, progress=lambda i, done, total: seen.append((i, done, total)))
     assert len(seen) >= 2 and seen[-1][1] == pytest.approx(seen[-1][2], abs=0.01)
     assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen)
 
@@ -146,21 +183,36 @@ def test_progress_is_reported_up_to_the_duration(tiny_en, long_clip):
 def test_a_transcription_that_fails_midway_leaves_the_pool_free(tiny_en, clips, monkeypatch):
     """An input that breaks while others decode (a stream that turns out truncated, say)
     fails its transcription; the next one runs on a free pool."""
-    from engine.transcribe import Stream
+    from engine.runner import Runner
 
-    admit, calls = Stream._admit, []
+    collect, calls = Runner.collect, []
 
-    def admit_then_break(self):
-        calls.append(self.sched.n_live)
-        if len(calls) == 2:  # decode steps are launched and a window is live
+    def collect_then_break(self):
+        calls.append(self.n_live)
+        if len(calls) == 2:  # decode steps are launched and windows are live
             raise RuntimeError("the input broke")
-        return admit(self)
+        return collect(self)
 
-    monkeypatch.setattr(Stream, "_admit", admit_then_break)
+    monkeypatch.setattr(Runner, "collect", collect_then_break)
+    items = [clips["en_jfk"].bytes, clips["en_librispeech_1272-128104-0000"].bytes]
     with pytest.raises(RuntimeError, match="the input broke"):
-        tiny_en.transcribe(clips["en_jfk"].bytes)
-    assert calls == [0, 1]
+        tiny_en.transcribe(items)
+    assert calls == [2, 2] and not tiny_en.busy
     monkeypatch.undo()
-    sched = next(iter(tiny_en._schedulers.values()))
-    assert sched.n_live == 0
-    assert "ask not what your country" in tiny_en.transcribe(clips["en_jfk"].bytes).text
+    assert "ask not what your country" in transcribe(tiny_en, clips["en_jfk"].bytes).text
+
+
+def test_options_the_stream_has_no_room_for_are_refused_before_work(clips):
+    from engine import DecodingRules
+
+    narrow = open_stream("tiny.en", rules=DecodingRules(max_prompt=4, sample_len=50))
+    without_context = TranscriptionOptions(condition_on_previous_text=False)
+    assert transcribe(narrow, clips["en_jfk"].bytes, without_context).text
+    for options, words in [
+        (TranscriptionOptions(), "room for 4 prompt tokens"),
+        (TranscriptionOptions(mode="chunked", initial_prompt="Kennedy"), "room for 4 prompt"),
+        (TranscriptionOptions(mode="chunked", sample_len=51), "sample_len 51: expected 1 to 50"),
+        (TranscriptionOptions(mode="chunked", min_tokens=-1), "min_tokens -1"),
+    ]:
+        with pytest.raises(OptionsError, match=words):
+            narrow.transcribe([clips["en_jfk"].bytes], options)

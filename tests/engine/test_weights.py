@@ -8,13 +8,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.convert import read_ctranslate2
-from engine.loader import PACKAGED, _package_file, model_dir
+from engine.loader import PACKAGED, model_dir, package_file
 from engine.weights import load_whisper
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tiny_en):
-    return tiny_en.loaded.path
+    return tiny_en.engine.loaded.path
 
 
 def _copy_with(hf_dir, tmp_path, edit):
@@ -40,7 +40,7 @@ def test_unconsumed_tensor_is_named(hf_dir, tmp_path):
 
 def test_fused_projections_equal_their_parts(hf_dir, tiny_en):
     state = load_file(str(hf_dir / "model.safetensors"))
-    block = tiny_en.loaded.model.decoder.blocks[2]
+    block = tiny_en.engine.loaded.model.decoder.blocks[2]
     prefix = "model.decoder.layers.2"
     q, k, v = block.attn.qkv.weight.chunk(3)
     assert torch.equal(k, state[f"{prefix}.self_attn.k_proj.weight"].float())
@@ -64,7 +64,7 @@ def test_ctranslate2_reader_refuses_other_formats(tmp_path):
     bad.write_bytes(b"\x05\x00\x00\x00")
     with pytest.raises(ValueError, match="version 5"):
         read_ctranslate2([bad])
-    original = _package_file(*PACKAGED["tiny.en"][0])
+    original = package_file(*PACKAGED["tiny.en"][0])
     assert len(read_ctranslate2([original])) > 100
 
 
@@ -74,7 +74,7 @@ def test_unknown_model_lists_the_packaged_ones(tmp_path):
 
 
 def test_special_token_ids_differ_between_vocabularies(tiny_en, base):
-    en, multi = tiny_en.loaded.tokenizer, base.loaded.tokenizer
+    en, multi = tiny_en.engine.loaded.tokenizer, base.engine.loaded.tokenizer
     assert (en.eot, en.sot, en.no_timestamps, en.timestamp_begin) == (50256, 50257, 50362, 50363)
     assert (multi.eot, multi.sot, multi.no_timestamps, multi.timestamp_begin) == (
         50257,

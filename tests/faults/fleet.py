@@ -134,13 +134,25 @@ class Fleet:
         self.workers: list[subprocess.Popen] = []
 
     def start_worker(self, failpoint: str | None = None, *args: str) -> subprocess.Popen:
+        """`whisperfleet worker` (with `args`, e.g. `--gpus 0`)."""
         env = {**self.env, "WHISPERFLEET_FAILPOINT": failpoint or ""}
-        log = open(self.folder / f"worker-{len(self.workers)}.log", "w")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", *args], env=env, stdout=log, stderr=log
-        )
+        return self._start([sys.executable, "-m", "worker.cli", "worker", *args], env)
+
+    def start_celery_worker(self) -> subprocess.Popen:
+        """A worker started as operators start Celery workers, not by our command line."""
+        name = f"plain-{len(self.workers)}@%h"
+        argv = ["celery", "-A", "worker.app", "worker", "--loglevel=INFO", f"--hostname={name}"]
+        return self._start([sys.executable, "-m", *argv], self.env)
+
+    def _start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.log_path(len(self.workers)), "w")  # noqa: SIM115
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
         self.workers.append(proc)
         return proc
+
+    def log_path(self, index: int) -> Path:
+        """The log of the `index`-th worker started."""
+        return self.folder / f"worker-{index}.log"
 
     def logs(self) -> str:
         return "".join(p.read_text() for p in sorted(self.folder.glob("worker-*.log")))

@@ -241,3 +241,38 @@ def test_a_job_that_kills_its_worker_every_time_is_failed_as_poison(
     finally:
         fleet.close()
         fleet.redis_server.close()
+
+
+def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_jobs(
+    tmp_path, storage_server, inputs, clips
+):
+    """`celery -A worker.app worker`, as operators start workers, gets what `whisperfleet
+    worker` gets from Celery's signals: its heartbeat keeps the lease of a job longer than the
+    lease (another worker's reconciler would take it over otherwise), and its reconciler takes
+    over the jobs of a `whisperfleet worker` killed mid-batch."""
+    fleet = make_fleet(tmp_path, storage_server)
+    try:
+        plain = fleet.start_celery_worker()
+        [long_job] = [fleet.submit(long_speech(clips["en_jfk"].bytes, 20))]  # 220 s of speech
+        fleet.wait_until([long_job], RUNNING, 1, timeout=120)
+        ours = fleet.start_worker()
+        ids = submit_many(fleet, inputs, 16)
+        deadline = time.monotonic() + 120
+        while not any(
+            (r := fleet.store.get(i)).status == "running" and r.worker.endswith(f":{ours.pid}")
+            for i in ids
+        ):
+            assert time.monotonic() < deadline, "the second worker never ran a job"
+            time.sleep(0.1)
+        ours.kill()  # mid-batch
+        ours.wait()
+        fleet.wait_all(ids + [long_job])
+        tally = fleet.tally(ids + [long_job])
+        assert (tally.succeeded, tally.duplicates, tally.lost) == (17, 0, 0)
+        record = fleet.store.get(long_job)
+        assert record.attempts == 1 and record.worker.endswith(f":{plain.pid}")
+        assert "has no live worker: sent again" in fleet.log_path(0).read_text()
+    finally:
+        fleet.close()
+        fleet.redis_server.close()
+        print(fleet.logs()[-15000:])

@@ -7,35 +7,36 @@ import threading
 import pytest
 import torch
 
-from engine.longform import TranscriptionOptions
-from engine.scheduler import Scheduler
-from engine.transcribe import Transcriber
-from worker.batching import CUDA_FAULT_EXIT, Batcher, _device_fault
+from engine import TranscriptionOptions
+from engine.runner import Runner
+from tests.conftest import open_stream
+from worker.batching import Batcher, EngineFailed
+from worker.lifecycle import CUDA_FAULT_EXIT
 
 
 @pytest.fixture
 def encoded(monkeypatch) -> list[int]:
-    """The size of every encoder batch the scheduler runs."""
-    sizes, encode = [], Scheduler.encode
+    """The size of every encoder batch the engine runs."""
+    sizes, encode = [], Runner.encode
 
     def spy(self, mels):
         sizes.append(len(mels))
         return encode(self, mels)
 
-    monkeypatch.setattr(Scheduler, "encode", spy)
+    monkeypatch.setattr(Runner, "encode", spy)
     return sizes
 
 
-def test_inputs_arriving_together_share_an_encoder_batch(tiny_en, clips, encoded):
-    transcriber = Transcriber(tiny_en.loaded, n_slots=8)
-    batcher = Batcher(transcriber, batch_size=4, max_wait_s=60.0)
-    options = TranscriptionOptions().verified(tiny_en.loaded.tokenizer)
+def test_inputs_arriving_together_share_an_encoder_batch(clips, encoded):
+    stream = open_stream("tiny.en", slots=8)
+    batcher = Batcher(stream, batch_size=4, max_wait_s=60.0)
     names = ["en_jfk", "en_ljspeech_LJ050-0131", "en_librispeech_1272-128104-0000", "en_jfk"]
-    items = [transcriber.prepare(clips[n].bytes) for n in names]
+    items = [stream.prepare(clips[n].bytes) for n in names]
     results = [None] * 4
 
     def job(i: int) -> None:  # as Celery's threads pool runs jobs
-        results[i] = batcher.submit(items[i], options, urgent=True).future.result(timeout=60)
+        ticket = batcher.submit(items[i], TranscriptionOptions(), urgent=True)
+        results[i] = ticket.future.result(timeout=60)
 
     threads = [threading.Thread(target=job, args=(i,)) for i in range(4)]
     for t in threads:
@@ -48,36 +49,67 @@ def test_inputs_arriving_together_share_an_encoder_batch(tiny_en, clips, encoded
     assert results[3].text == results[0].text
 
 
-def test_a_lone_input_starts_after_the_short_wait(tiny_en, clips, encoded):
-    batcher = Batcher(Transcriber(tiny_en.loaded, n_slots=8), batch_size=16, max_wait_s=0.05)
-    options = TranscriptionOptions().verified(tiny_en.loaded.tokenizer)
-    item = batcher.transcriber.prepare(clips["en_jfk"].bytes)
-    result = batcher.submit(item, options, urgent=False).future.result(timeout=60)
+def test_a_lone_input_starts_after_the_short_wait(clips, encoded):
+    stream = open_stream("tiny.en", slots=8)
+    batcher = Batcher(stream, batch_size=16, max_wait_s=0.05)
+    item = stream.prepare(clips["en_jfk"].bytes)
+    result = batcher.submit(item, TranscriptionOptions(), urgent=False).future.result(timeout=60)
     assert "ask not" in result.text.lower() and encoded == [1]
 
 
-@pytest.mark.parametrize(
-    "error, fault",
-    [
-        (RuntimeError("CUDA error: an illegal memory access was encountered"), True),
-        (RuntimeError("CUDA error: device-side assert triggered"), True),
-        (RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx"), True),
-        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
-        (RuntimeError("no window is ready, yet some inputs are not done"), False),
-        (ValueError("seek 3000 is behind frame 6000"), False),
-    ],
-)
-def test_only_faults_of_the_gpu_itself_end_the_process(error, fault):
-    assert _device_fault(error) is fault
+def test_an_engine_error_fails_the_inputs_in_flight_and_the_next_ones_run(clips, monkeypatch):
+    """Any engine error but a GPU fault: the inputs in flight fail (to be retried), the stream
+    starts again empty, the batcher goes on."""
+    stream = open_stream("tiny.en", slots=8)
+    batcher = Batcher(stream, batch_size=2, max_wait_s=60.0)
+    launch, broken = Runner.launch, [True]
+
+    def launch_once_broken(self):
+        if broken and self.n_live:
+            broken.clear()
+            raise RuntimeError("a bug in a decode step")
+        return launch(self)
+
+    monkeypatch.setattr(Runner, "launch", launch_once_broken)
+    data = [clips[n].bytes for n in ("en_jfk", "en_ljspeech_LJ050-0131")]
+    tickets = [batcher.submit(stream.prepare(d), TranscriptionOptions(), True) for d in data]
+    for ticket in tickets:
+        with pytest.raises(EngineFailed, match="a bug in a decode step") as failed:
+            ticket.future.result(timeout=60)
+        assert failed.value.retry
+    assert not stream.busy
+    again = [batcher.submit(stream.prepare(d), TranscriptionOptions(), True) for d in data]
+    assert "ask not" in again[0].future.result(timeout=60).text.lower()
+    assert again[1].future.result(timeout=60).text
+
+
+def test_a_gpu_fault_goes_to_the_handler_the_process_gave(clips, monkeypatch):
+    """The batcher does not end the process itself: it hands a fault of the GPU (a
+    torch.AcceleratorError, by type) to the worker's handler, which decides."""
+    faults = []
+    stream = open_stream("tiny.en", slots=8)
+    batcher = Batcher(stream, batch_size=1, max_wait_s=0.0, on_device_fault=faults.append)
+    launch = Runner.launch
+
+    def faulty_launch(self):
+        if self.n_live and not faults:
+            raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+        return launch(self)
+
+    monkeypatch.setattr(Runner, "launch", faulty_launch)
+    ticket = batcher.submit(stream.prepare(clips["en_jfk"].bytes), TranscriptionOptions(), True)
+    with pytest.raises(EngineFailed):
+        ticket.future.result(timeout=60)
+    assert len(faults) == 1 and isinstance(faults[0], torch.AcceleratorError)
 
 
 # Batch-mates of a job that faults the GPU in a decode step: a device-side assert from an index
 # past the end, seen on the next synchronisation, as the real faults are.
 FAULT_MID_BATCH = """
 import sys, torch
-from engine.longform import TranscriptionOptions
-from engine.transcribe import Stream, Transcriber
+from engine import Engine, EngineConfig, Stream, TranscriptionOptions
 from worker.batching import Batcher
+from worker.lifecycle import exit_on_device_fault
 
 step = Stream.step
 def faulty_step(self):
@@ -86,11 +118,10 @@ def faulty_step(self):
     return finished
 Stream.step = faulty_step
 
-transcriber = Transcriber.load("tiny.en", device="cuda")
-batcher = Batcher(transcriber, batch_size=len(sys.argv) - 1, max_wait_s=1.0)
-options = TranscriptionOptions().verified(transcriber.loaded.tokenizer)
-items = [transcriber.prepare(open(path, "rb").read()) for path in sys.argv[1:]]
-tickets = [batcher.submit(item, options, urgent=True) for item in items]
+stream = Engine.open(EngineConfig(model="tiny.en", device="cuda"))
+batcher = Batcher(stream, len(sys.argv) - 1, 1.0, on_device_fault=exit_on_device_fault)
+items = [stream.prepare(open(path, "rb").read()) for path in sys.argv[1:]]
+tickets = [batcher.submit(item, TranscriptionOptions(), urgent=True) for item in items]
 print([ticket.future.result(timeout=300).text for ticket in tickets])
 """
 
@@ -116,24 +147,23 @@ def test_a_real_cuda_fault_with_inputs_in_flight_ends_the_process(clips):
 MANY_THREADS = """
 import sys, threading, time
 import numpy as np
-from engine.longform import TranscriptionOptions
-from engine.transcribe import Transcriber
+from engine import Engine, EngineConfig, TranscriptionOptions
 from worker.batching import Batcher
 
-transcriber = Transcriber.load("tiny.en", device="cuda")
-batcher = Batcher(transcriber, batch_size=4, max_wait_s=0.01)
-options = TranscriptionOptions().verified(transcriber.loaded.tokenizer)
-clip = transcriber.prepare(open(sys.argv[1], "rb").read())
+stream = Engine.open(EngineConfig(model="tiny.en", device="cuda"))
+batcher = Batcher(stream, batch_size=4, max_wait_s=0.01)
+options = TranscriptionOptions()
+clip = stream.prepare(open(sys.argv[1], "rb").read())
 done = threading.Event()
 texts = [None] * 32
 
 def open_long_audio():
     while not done.is_set():
-        transcriber.prepare(np.tile(clip, 16))
+        stream.prepare(np.tile(clip, 16))
 
 def job(i):
     time.sleep(0.01 * i)
-    item = transcriber.prepare(clip)
+    item = stream.prepare(clip)
     texts[i] = batcher.submit(item, options, urgent=False).future.result(timeout=300).text
 
 openers = [threading.Thread(target=open_long_audio) for _ in range(4)]

@@ -1,7 +1,11 @@
 """The worker's models: configured names only, loaded on first use, within a memory budget."""
 
-import pytest
+import time
 
+import pytest
+import torch
+
+from worker.contract.jobs import JobOptions
 from worker.contract.settings import Settings
 from worker.engines import Engines, UnknownModel
 
@@ -27,64 +31,103 @@ def test_least_recently_used_model_is_dropped_to_fit_the_budget():
 
 
 def test_slot_pool_is_sized_from_the_memory_budget():
-    from engine.scheduler import slot_bytes
+    from engine.slots import slot_bytes
 
     engines = Engines(Settings(models="tiny.en", device="cpu", slot_memory_bytes=100 * 1024**2))
-    transcriber = engines.get("tiny.en")
-    per_slot = slot_bytes(transcriber.loaded)  # tiny.en fp32: ~24 MB of cache a slot
-    assert transcriber.n_slots == 100 * 1024**2 // per_slot == 4
-    assert transcriber.encoder_batch <= transcriber.n_slots
+    engine = engines.get("tiny.en").engine
+    per_slot = slot_bytes(engine.loaded.dims, torch.float32, torch.float32)  # ~24 MB a slot
+    assert engine.n_slots == 100 * 1024**2 // per_slot == 4
+    assert engine.encoder_batch <= engine.n_slots
 
 
 def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips):
-    import torch
-
-    from engine.scheduler import slot_bytes
+    from engine.slots import slot_bytes
 
     budget = 100 * 1024**2
     engines = Engines(
         Settings(models="tiny.en", device="cpu", slot_memory_bytes=budget, cross_kv="fp8")
     )
-    transcriber = engines.get("tiny.en")
+    engine = engines.get("tiny.en").engine
     # fp32 self-attention, fp8 cross-attention: ~10 MB a slot, against ~24 MB (4 slots)
-    assert transcriber.n_slots == budget // slot_bytes(transcriber.loaded, torch.float8_e4m3fn)
-    assert transcriber.n_slots == 10
-    text = transcriber.transcribe(clips["en_jfk"].bytes).text
-    cache = next(iter(transcriber._schedulers.values())).cache
-    assert cache.cross_k.dtype == torch.float8_e4m3fn
+    fp8 = torch.float8_e4m3fn
+    assert engine.n_slots == budget // slot_bytes(engine.loaded.dims, torch.float32, fp8) == 10
+    assert engine.runner().slots.cache.cross_k.dtype == fp8
+    text = engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions()).text
     assert "ask not what your country can do for you" in text.lower()
     with pytest.raises(ValueError, match="cross_kv"):
         Settings(cross_kv="int4")
 
 
 def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, monkeypatch):
-    import torch
-
-    from engine.scheduler import Scheduler
+    from engine.runner import Runner
     from worker.batching import EngineFailed
-    from worker.contract.jobs import JobOptions
 
     engines = Engines(Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2))
-    transcriber = engines.get("tiny.en")
-    before = transcriber.n_slots
-    launch, failures = Scheduler.launch, []
+    stream = engines.get("tiny.en")
+    before = stream.engine.n_slots
+    launch, failures = Runner.launch, []
 
     def launch_that_runs_out(self):
         if len(failures) < 2 and self.n_live:  # the first two attempts run out mid-decode
-            failures.append(self.n_slots)
+            failures.append(self.slots.n_slots)
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return launch(self)
 
-    monkeypatch.setattr(Scheduler, "launch", launch_that_runs_out)
+    monkeypatch.setattr(Runner, "launch", launch_that_runs_out)
     result = engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions())
     assert "ask not what your country can do for you" in result.text.lower()
     assert failures == [before, before // 2]
-    assert transcriber.n_slots == before // 4
+    assert stream.engine.n_slots == before // 4
 
     # at one slot there is nothing left to give up: the error reaches the job
-    while transcriber.n_slots > 1:
-        transcriber.shrink()
+    while stream.shrink():
+        pass
     failures.clear()
     with pytest.raises(EngineFailed, match="out of memory") as failed:
         engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions())
     assert not failed.value.retry and isinstance(failed.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_a_model_loads_without_holding_up_the_jobs_of_loaded_ones(monkeypatch):
+    """While one thread loads (or converts) a model, threads of loaded models go on, and the
+    other threads that want the loading model wait for that one load, or share its error."""
+    import threading
+
+    from engine import Engine
+
+    engines = Engines(Settings(models="tiny.en,base", device="cpu"))
+    tiny = engines.get("tiny.en")
+    release, opened, fail = threading.Event(), [], [False, True]
+    open_model = Engine.open
+
+    def slow_open(config):
+        if config.name == "base":
+            opened.append(config.name)
+            assert release.wait(60)
+            if fail.pop():
+                raise OSError("the model directory went away")
+        return open_model(config)
+
+    monkeypatch.setattr(Engine, "open", slow_open)
+    results = {}
+
+    def get(key):
+        try:
+            results[key] = engines.get("base")
+        except OSError as e:
+            results[key] = e
+
+    first, second = (threading.Thread(target=get, args=(k,)) for k in ("first", "second"))
+    first.start()
+    while not opened:
+        time.sleep(0.01)
+    second.start()
+    start = time.monotonic()
+    assert engines.get("tiny.en") is tiny  # not held up by the load of base
+    assert time.monotonic() - start < 1.0
+    release.set()
+    first.join(60), second.join(60)
+    assert isinstance(results["first"], OSError) and results["second"] is results["first"]
+    assert opened == ["base"]  # one load for both threads
+    assert engines.get("base").engine.name == "base"  # the next one loads it again
+    assert opened == ["base", "base"] and engines.loaded == ["tiny.en", "base"]

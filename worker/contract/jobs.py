@@ -146,7 +146,12 @@ class JobStore:
         self.redis.hset(self.sent, job_id, time.time())
 
     def mark_received(self, job_id: str) -> None:
-        self.redis.hdel(self.sent, job_id)
+        """A worker took the job's message: no longer sent, and looked at now (a worker that
+        took it but has not started it yet is given `stale_after_s` before a resend)."""
+        with self.redis.pipeline() as pipe:
+            pipe.hdel(self.sent, job_id)
+            pipe.zadd(self.active, {job_id: time.time()}, xx=True)
+            pipe.execute()
 
     def is_sent(self, job_id: str) -> bool:
         return bool(self.redis.hexists(self.sent, job_id))

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     # cross-attention K/V cache: "model" (the weights' dtype) or "fp8" (half the bytes: more
     # slots, faster large-model decoding; WER within 0.3 of fp16 on the dev set, on CUDA)
     cross_kv: Literal["model", "fp8"] = "model"
+    # the decode step's kernels: Triton on CUDA where it is installed (auto), or plain torch
+    # (the reference path; what WHISPERFLEET_TRITON=0 used to choose)
+    kernels: Literal["auto", "triton", "torch"] = "auto"
     # Jobs in flight per worker process (Celery threads; each decodes its input, then waits
     # for the engine): enough to fill the engine's batches. The batcher starts arrivals
     # together once batch_size wait (default: the model's encoder batch) or the oldest has

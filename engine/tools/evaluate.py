@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from engine.audio import Audio
-from engine.longform import TranscriptionOptions
-from engine.transcribe import Transcriber
-from engine.wer import word_error_rate
+from engine.options import TranscriptionOptions
+from engine.stream import Stream
+from engine.tools.wer import word_error_rate
 
 GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
 
@@ -157,10 +157,10 @@ class Report:
 class TransformersReference:
     """Plain `WhisperForConditionalGeneration` on the engine's converted weights."""
 
-    def __init__(self, transcriber: Transcriber):
+    def __init__(self, stream: Stream):
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-        loaded = transcriber.loaded
+        loaded = stream.engine.loaded
         self.processor = WhisperProcessor.from_pretrained(loaded.path)
         self.model = WhisperForConditionalGeneration.from_pretrained(
             loaded.path, dtype=loaded.dtype
@@ -213,35 +213,33 @@ def timestamps_ok(segments, duration: float) -> bool:
     return True
 
 
-def evaluate(
-    manifest: Path, transcriber: Transcriber, reference: bool = True, progress=None
-) -> Report:
+def evaluate(manifest: Path, stream: Stream, reference: bool = True, progress=None) -> Report:
     entries = read_manifest(manifest)
-    multilingual = transcriber.loaded.tokenizer.is_multilingual
+    loaded = stream.engine.loaded
+    multilingual = loaded.tokenizer.is_multilingual
     if not multilingual:
         entries = [e for e in entries if e.language == "en"]
-    ref = TransformersReference(transcriber) if reference else None
-    loaded = transcriber.loaded
+    ref = TransformersReference(stream) if reference else None
     report = Report(loaded.name, f"{loaded.device} {str(loaded.dtype).removeprefix('torch.')}")
     for entry in progress(entries) if progress else entries:
         data = entry.path.read_bytes()
         audio = Audio(data).decode()
         clip = ClipResult(entry.file, len(audio) / 16000, entry.language, entry.reference)
         start = time.perf_counter()
-        result = transcriber.transcribe(data)
+        [result] = stream.transcribe([data])
         clip.engine_seconds = time.perf_counter() - start
         clip.engine_text, clip.engine_language = result.text, result.language
         clip.timestamps_ok = timestamps_ok(result.segments, clip.duration)
         long = clip.duration > 30
         if long:
             chunked = TranscriptionOptions(mode="chunked")
-            clip.chunked_text = transcriber.transcribe(data, chunked).text
+            clip.chunked_text = stream.transcribe([data], chunked)[0].text
         if ref is not None:
             start = time.perf_counter()
             clip.reference_text = ref.transcribe(audio, long)
             clip.reference_seconds = time.perf_counter() - start
             if not long:
-                greedy = transcriber.transcribe(data, GREEDY)
+                [greedy] = stream.transcribe([data], GREEDY)
                 ours = [t for s in greedy.segments for t in s.tokens]
                 clip.greedy_identical = ours == ref.greedy_tokens(audio)
             if multilingual and clip.language != "en":

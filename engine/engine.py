@@ -1,0 +1,189 @@
+"""The engine's front door: `Engine.open(EngineConfig(...))` returns the `Stream` that runs a
+model. Everything that decides how a model runs is a field of `EngineConfig`; the worker, the
+command line, the bench and the scripts build one and hold only the stream.
+
+    stream = Engine.open(EngineConfig(model="tiny.en", device="cpu"))
+    print(stream.transcribe([Path("jfk.flac").read_bytes()])[0].text)
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from engine.audio import Audio
+from engine.decoding import PROMPT_BASE, DecodingRules
+from engine.inputs import (
+    MAX_SPECTROGRAM_FRAMES,
+    Prepared,
+    SpectrogramError,
+    open_audio,
+    spectrogram_source,
+)
+from engine.kernels import triton_installed
+from engine.loader import LoadedModel, load_model
+from engine.longform import REQUESTS
+from engine.options import OptionsError, TranscriptionOptions
+from engine.runner import Runner
+from engine.slots import slots_for
+from engine.stream import Stream
+
+Dtype = Literal["auto", "fp32", "fp16", "bf16"]
+CrossKV = Literal["model", "fp8"]
+Kernels = Literal["auto", "triton", "torch"]
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+CROSS_DTYPES = {"model": None, "fp8": torch.float8_e4m3fn}
+
+# bytes (an audio file or a .npy spectrogram), decoded 16 kHz samples (1-D), or a
+# spectrogram array (2-D or 3-D)
+Input = bytes | np.ndarray | Audio
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a model runs: the front door's one argument."""
+
+    # a packaged name (tiny.en, base), a Hugging Face or CTranslate2 directory, a hub id, or
+    # random:<size> (Whisper's shapes with random weights, for speed work; engine.loader)
+    model: str = "tiny.en"
+    name: str | None = None  # what results call the model (default: `model`)
+    device: str = "auto"  # auto: CUDA if present; or cpu, cuda, cuda:1, ...
+    dtype: Dtype = "auto"  # auto: fp16 on CUDA, fp32 elsewhere
+    cache_dir: Path | None = None  # converted weights (default: ~/.cache/whisperfleet)
+
+    # The pool of decoding slots (windows decoded at once): `slots` of them, else as many as
+    # `slot_memory_bytes` of cache holds (default: half the free GPU memory; 16 on the CPU),
+    # at most 512. The encoder takes up to `encoder_batch` new windows at once.
+    slots: int | None = None
+    slot_memory_bytes: int | None = None
+    encoder_batch: int = 16
+    # cross-attention K/V in the weights' dtype, or in fp8 (half the bytes; CUDA, compute
+    # capability 8.9+)
+    cross_kv: CrossKV = "model"
+
+    # graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly.
+    # kernels: the decode step's Triton kernels on CUDA where Triton is installed (auto), always
+    # (triton: refused where they cannot run), or never (torch: the reference path)
+    graphs: bool | None = None
+    kernels: Kernels = "auto"
+
+    max_spectrogram_frames: int = MAX_SPECTROGRAM_FRAMES  # longest spectrogram input
+    rules: DecodingRules = field(default_factory=DecodingRules)
+
+
+class Engine:
+    """A Whisper model on one device, and how it runs."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        device = None if config.device == "auto" else config.device
+        dtype = DTYPES.get(config.dtype)
+        self.loaded: LoadedModel = load_model(
+            config.model, device, dtype, config.cache_dir, config.name
+        )
+        cuda = self.loaded.device.type == "cuda"
+        self.graphs = cuda if config.graphs is None else config.graphs
+        if self.graphs and not cuda:
+            raise ValueError(f"CUDA graphs need a CUDA device, not {self.loaded.device}")
+        self.triton = config.kernels != "torch" and cuda and triton_installed()
+        if config.kernels == "triton" and not self.triton:
+            raise ValueError("kernels='triton' needs a CUDA device and Triton installed")
+        self.cross_dtype = CROSS_DTYPES[config.cross_kv]
+        self.n_slots = config.slots or slots_for(
+            self.loaded, config.slot_memory_bytes, self.cross_dtype
+        )
+        self.max_prompt, self.sample_len = config.rules.sizes(self.loaded.dims.n_text_ctx)
+
+    @classmethod
+    def open(cls, config: EngineConfig) -> Stream:
+        """Load the model and return the stream that runs it."""
+        return Stream(cls(config))
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def encoder_batch(self) -> int:
+        return min(self.config.encoder_batch, self.n_slots)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
+
+    def runner(self) -> Runner:
+        """A fresh pool of `n_slots` slots, with its graphs still to capture."""
+        return Runner(
+            self.loaded,
+            self.config.rules,
+            self.n_slots,
+            self.encoder_batch,
+            self.graphs,
+            self.triton,
+            self.cross_dtype,
+        )
+
+    def shrink(self) -> bool:
+        """Halve the slot pool (after running out of device memory); False at one slot."""
+        if self.n_slots == 1:
+            return False
+        self.n_slots //= 2
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return True
+
+    def prepare(self, item: Input) -> Prepared:
+        """Validate and decode one input on the calling thread (CPU work: run many at once);
+        raises AudioError or SpectrogramError. Clips of up to 30 s come back as samples, to
+        get their log-mel together when they join a stream."""
+        m = self.loaded
+        if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
+            try:
+                item = np.load(io.BytesIO(item), allow_pickle=False)
+            except ValueError as e:
+                raise SpectrogramError(f"not a readable .npy array ({e})") from e
+        if isinstance(item, np.ndarray) and item.ndim >= 2:
+            frames = self.config.max_spectrogram_frames
+            return spectrogram_source(item, m.dims.n_mels, m.device, frames)
+        return open_audio(Audio(item) if isinstance(item, bytes) else item, m.dims.n_mels, m.device)
+
+    def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
+        """Check options against the model and the stream's rules before any work."""
+        tok = self.loaded.tokenizer
+        if options.mode not in REQUESTS:
+            raise OptionsError(f"mode {options.mode!r} is not one of {', '.join(REQUESTS)}")
+        if options.task not in tok.task_ids:
+            raise OptionsError(f"task {options.task!r} is not one of {', '.join(tok.task_ids)}")
+        if not options.temperature or any(t < 0 for t in options.temperature):
+            raise OptionsError(f"temperature {options.temperature}: expected values >= 0")
+        if not tok.is_multilingual:
+            if options.task == "translate":
+                raise OptionsError("translate needs a multilingual model; this one is English-only")
+            if options.language not in (None, "en"):
+                raise OptionsError(
+                    f"language {options.language!r} needs a multilingual model; "
+                    "this one is English-only"
+                )
+        elif options.language is not None and options.language not in tok.language_ids:
+            known = ", ".join(sorted(tok.language_ids))
+            raise OptionsError(f"unknown language {options.language!r}; expected one of: {known}")
+        full_prompt = self.loaded.dims.n_text_ctx // 2 + PROMPT_BASE
+        if options.needs_prompt and self.max_prompt < full_prompt:
+            raise OptionsError(
+                f"this engine has room for {self.max_prompt} prompt tokens (rules.max_prompt), "
+                "too few for previous text or an initial prompt: set "
+                "condition_on_previous_text=False and no initial_prompt"
+            )
+        if options.sample_len is not None and not 0 < options.sample_len <= self.sample_len:
+            raise OptionsError(
+                f"sample_len {options.sample_len}: expected 1 to {self.sample_len} tokens"
+            )
+        if options.min_tokens < 0:
+            raise OptionsError(f"min_tokens {options.min_tokens}: expected 0 or more")
+        return options

@@ -1,0 +1,65 @@
+"""What a caller asks of one transcription. Each input in a stream has its own options; the
+rules every window of a stream shares are `engine.decoding.DecodingRules`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.decoding import WindowResult
+
+
+class OptionsError(ValueError):
+    """Options that cannot apply to this model or stream, or to each other."""
+
+
+@dataclass(frozen=True)
+class TranscriptionOptions:
+    # what to do
+    task: str = "transcribe"  # or "translate" (to English; multilingual models)
+    language: str | None = None  # ISO 639-1; None: detect from the first window
+    mode: str = "sequential"  # or "chunked" (engine.longform)
+    timestamps: bool = True  # segment timestamps; without them each window is one segment
+
+    # decoding with fallback: retry a window at the next temperature while its output is too
+    # repetitive (compression ratio above) or too improbable (average log-prob below),
+    # unless it is silence (no-speech probability above, with a low log-prob)
+    temperature: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+
+    # context
+    condition_on_previous_text: bool = True  # sequential: prompt each window with the text so far
+    initial_prompt: str | None = None  # text given as if it preceded the audio
+    prompt_reset_on_temperature: float = 0.5  # drop the context after a window this hot
+
+    # length
+    sample_len: int | None = None  # tokens a window at most; None: the stream's rules' limit
+    min_tokens: int = 0  # no end-of-text before this many tokens a window (benchmarks)
+    seed: int = 0  # for sampling at temperatures above 0 (`Stream.transcribe`)
+
+    @property
+    def needs_prompt(self) -> bool:
+        """Whether windows are prompted with text: previous windows' or the initial prompt."""
+        context = self.mode == "sequential" and self.condition_on_previous_text
+        return bool(self.initial_prompt) or context
+
+    def needs_fallback(self, r: WindowResult) -> bool:
+        """openai-whisper's rule: retry hotter unless the window is silence."""
+        too_repetitive = (
+            self.compression_ratio_threshold is not None
+            and r.compression_ratio > self.compression_ratio_threshold
+        )
+        improbable = self.logprob_threshold is not None and r.avg_logprob < self.logprob_threshold
+        silence = (
+            self.no_speech_threshold is not None
+            and r.no_speech_prob > self.no_speech_threshold
+            and improbable
+        )
+        return (too_repetitive or improbable) and not silence
+
+    def is_silence(self, r: WindowResult) -> bool:
+        """Skip the window: probably no speech, and the text is not convincing either."""
+        if self.no_speech_threshold is None or r.no_speech_prob <= self.no_speech_threshold:
+            return False
+        return self.logprob_threshold is None or r.avg_logprob <= self.logprob_threshold

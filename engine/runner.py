@@ -1,0 +1,372 @@
+"""Runs 30 s windows through the model over a pool of slots (`engine.slots`).
+
+Windows join between decode steps: their encoder batch runs, their cross-attention K/V are
+projected once into their slots, their prompts are prefilled; then they decode in the same
+steps as everyone else, and leave as soon as they finish. A batch of mixed lengths never waits
+for its longest member. `launch` queues decode steps without waiting for the GPU, so the caller
+admits new windows while they run; `collect` then reads back the windows that finished.
+
+On CUDA the encoder (per batch bucket) and the decode step (per live-count bucket and key
+bucket) are captured as CUDA graphs and replayed; elsewhere the same functions run eagerly. A
+step's choice of tokens is one fused kernel (`engine.kernels.greedy`) unless some row samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.decoding import DecodingRules, WindowResult, WindowTask, build_filters, prompt_tokens
+from engine.decoding import suppressed_tokens as model_suppressed
+from engine.kernels.greedy import GreedyRules
+from engine.loader import LoadedModel
+from engine.mel import N_FRAMES
+from engine.slots import (
+    DECODE_BUCKETS,
+    ENCODER_BUCKETS,
+    Sequence,
+    SlotPool,
+    bucket,
+    key_bucket,
+)
+
+HORIZON = 4  # decode steps per look at which rows finished, on CUDA (the look syncs the host)
+
+
+@dataclass(frozen=True)
+class LanguageGuess:
+    language: str  # ISO 639-1 (or Whisper's own code)
+    probability: float
+
+
+@dataclass(frozen=True)
+class DecodedWindow:
+    """A window that finished decoding, still holding its slot until released or restarted."""
+
+    slot: int
+    sequence: Sequence
+    result: WindowResult
+
+
+class Runner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        rules: DecodingRules,
+        n_slots: int,
+        encoder_batch: int,
+        graphs: bool,
+        triton: bool,
+        cross_dtype: torch.dtype | None = None,
+        horizon: int | None = None,
+    ):
+        """graphs: capture CUDA graphs (CUDA only); triton: the Triton decode kernels.
+        cross_dtype: of the cross-attention cache (default: the model's; torch.float8_e4m3fn
+        halves the bytes each step reads).
+        horizon: decode steps between looks at which rows finished (default: `HORIZON` on
+        CUDA, 1 elsewhere). A row that ends inside the horizon idles until the look; fewer
+        looks keep the GPU fed without waiting on the host."""
+        self.m = loaded
+        d, device, tok = loaded.dims, loaded.device, loaded.tokenizer
+        if cross_dtype == torch.float8_e4m3fn and device.type == "cuda":
+            if torch.cuda.get_device_capability(device) < (8, 9):
+                raise ValueError("an fp8 cross-attention cache needs compute capability 8.9+")
+        self.tok, self.triton, self.graphs = tok, triton, graphs
+        self.max_prompt, self.sample_len = rules.sizes(d.n_text_ctx)
+        text_ctx = key_bucket(self.max_prompt + self.sample_len, d.n_text_ctx)
+        self.encoder_batch = encoder_batch
+        self.horizon = horizon or (HORIZON if device.type == "cuda" else 1)
+        # Under graphs the self-attention reads a bucket of positions covering the furthest
+        # live one; eagerly too on CUDA, so graph and eager runs compare on the same shapes.
+        self.pad_to_buckets = device.type == "cuda"
+        self.slots = SlotPool(loaded, n_slots, text_ctx, self.sample_len, cross_dtype)
+        suppress = model_suppressed(tok, loaded.suppress_tokens, rules.suppress_tokens)
+        filters = build_filters(
+            tok,
+            d.n_vocab,
+            suppress,
+            rules.suppress_blank,
+            rules.max_initial_timestamp,
+            d.n_audio_ctx,
+            device,
+        )
+        self.rules = GreedyRules(filters, d.n_vocab, device, triton)
+        self.generator = torch.Generator(device)
+        # a step's scratch: the filtered logits of sampling rows, each row's choice
+        self.logits = torch.zeros(n_slots, d.n_vocab, device=device)
+        self.chosen = torch.zeros(n_slots, dtype=torch.long, device=device)
+        self.chosen_logprob = torch.zeros(n_slots, device=device)
+        self.mel_in = torch.zeros(
+            encoder_batch, d.n_mels, N_FRAMES, device=device, dtype=loaded.dtype
+        )
+        self.xa_out: torch.Tensor | None = None
+        self._pool = None
+        self._step_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]] = {}
+        self._encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._launched: int | None = None  # live rows the launched steps decode
+
+    # --- bookkeeping -------------------------------------------------------------------------
+
+    @property
+    def n_live(self) -> int:
+        return self.slots.n_live
+
+    def room(self, waiting: int) -> int:
+        """How many of `waiting` windows to admit now. While others decode, wait until all of
+        them, up to a full encoder batch, fit: the encoder then runs at its batch size rather
+        than one window at a time."""
+        want = min(waiting, self.encoder_batch)
+        room = min(self.slots.free, want)
+        return room if not self.slots.live or room == want else 0
+
+    def release(self, slot: int) -> None:
+        self.slots.release(slot)
+
+    def release_where(self, owned: Callable[[Sequence], bool]) -> None:
+        """Release the slots of the sequences `owned` picks (between steps: an abort)."""
+        self._between_steps("release slots")
+        self.slots.release_where(owned)
+
+    def compact(self) -> None:
+        self._between_steps("compact the pool")
+        self.slots.compact()
+
+    def reset(self) -> None:
+        """Forget every sequence (after a failure): the pool is free again. Steps still
+        running on the GPU come before whatever is queued next."""
+        self._launched = None
+        self.slots.clear()
+
+    def _between_steps(self, what: str) -> None:
+        if self._launched is not None:
+            raise RuntimeError(f"collect the launched steps before you {what}")
+
+    def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """Capture `fn` into a graph sharing one memory pool.
+
+        The warm-up runs that capture needs really execute; the decode state they advance is
+        put back afterwards, so capturing mid-stream changes no sequence. Other threads may use
+        the GPU meanwhile (a worker's job threads take a first pass over long audio there), so
+        only this thread's own unsafe calls may break the capture ("thread_local").
+        """
+        state = self.slots.state.tensors()
+        saved = [t.clone() for t in state]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            fn()
+        self._pool = graph.pool()
+        for t, s in zip(state, saved, strict=True):
+            t.copy_(s)
+        return graph
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def _encode_into(self, n: int) -> None:
+        self.xa_out[:n] = self.m.model.encoder(self.mel_in[:n])
+
+    @torch.inference_mode()
+    def encode(self, mels: torch.Tensor) -> slice:
+        """Encode windows (n, n_mels, 3000) into the next free slots; return their range."""
+        n, start = len(mels), self.slots.n_live
+        if n > min(self.slots.free, self.encoder_batch):
+            free = min(self.slots.free, self.encoder_batch)
+            raise ValueError(f"{n} windows, but room for {free}")
+        self.mel_in[:n] = mels
+        if self.xa_out is None:
+            d = self.m.dims
+            shape = (self.encoder_batch, d.n_audio_ctx, d.n_audio_state)
+            self.xa_out = torch.zeros(shape, device=self.m.device, dtype=self.m.dtype)
+        size = bucket(n, ENCODER_BUCKETS, self.encoder_batch) if self.pad_to_buckets else n
+        if self.graphs:
+            if size not in self._encoder_graphs:
+                self._encoder_graphs[size] = self._graph(lambda: self._encode_into(size))
+            self._encoder_graphs[size].replay()
+        else:
+            self._encode_into(size)
+        rows = slice(start, start + n)
+        self.m.model.project_cross_kv(self.xa_out[:n], rows, self.slots.cache)
+        return rows
+
+    @torch.inference_mode()
+    def detect_language(self, rows: slice) -> list[LanguageGuess]:
+        """Each encoded window's most likely language, from the first step's logits."""
+        codes = list(self.tok.language_ids)
+        ids = torch.tensor(list(self.tok.language_ids.values()), device=self.m.device)
+        tokens = torch.full((rows.stop - rows.start, 1), self.tok.sot, device=self.m.device)
+        positions = torch.zeros_like(tokens)
+        logits = self.m.model.decoder(tokens, positions, rows, self.slots.cache, 1, self.triton)
+        probs = logits[:, 0, ids].float().softmax(dim=-1)
+        best = probs.argmax(dim=-1)
+        chosen = probs.gather(1, best[:, None])[:, 0].tolist()
+        return [LanguageGuess(codes[i], p) for i, p in zip(best.tolist(), chosen, strict=True)]
+
+    @torch.inference_mode()
+    def start(self, rows: slice, sequences: list[Sequence]) -> None:
+        """Prefill the prompts of encoded windows and make them live."""
+        if rows.start != self.slots.n_live or rows.stop - rows.start != len(sequences):
+            raise ValueError("start the windows of the last encode, in order")
+        self.slots.occupy(sequences, [0] * len(sequences))
+        self._prefill(rows, sequences)
+
+    @torch.inference_mode()
+    def restart(self, slot: int, task: WindowTask, attempt: int) -> None:
+        """Decode a finished window again (a hotter temperature), in the same slot."""
+        sequence = self.slots.live[slot]
+        sequence.task, sequence.attempt = task, attempt
+        self._prefill(slice(slot, slot + 1), [sequence])
+
+    def _prefill(self, rows: slice, sequences: list[Sequence]) -> None:
+        device, n_ctx, tok = self.m.device, self.m.dims.n_text_ctx, self.tok
+        prompts = [prompt_tokens(tok, s.task, n_ctx) for s in sequences]
+        if max(map(len, prompts)) > self.max_prompt:
+            longest = max(map(len, prompts))
+            raise ValueError(f"a prompt of {longest} tokens; room for {self.max_prompt}")
+        width = max(len(p) for p in prompts)
+        text_ctx = self.slots.text_ctx
+        # every row's numbers in one host tensor, copied once (a copy from pageable memory
+        # would wait for the GPU each time)
+        host = torch.tensor(
+            [
+                [
+                    len(p),
+                    p.index(tok.sot),
+                    s.task.timestamps,
+                    s.task.min_tokens,
+                    min(s.task.max_tokens or self.sample_len, self.sample_len, text_ctx - len(p)),
+                    *p,
+                    *[tok.eot] * (width - len(p)),
+                ]
+                for p, s in zip(prompts, sequences, strict=True)
+            ],
+            pin_memory=device.type == "cuda",
+        )
+        fields = host.to(device, non_blocking=True)
+        lengths, sot, timestamps, min_tokens, limit = fields[:, :5].unbind(1)
+        tokens = fields[:, 5:]
+        temperature = torch.tensor(
+            [s.task.temperature for s in sequences], pin_memory=device.type == "cuda"
+        ).to(device, non_blocking=True)
+        positions = torch.arange(width, device=device).expand(len(prompts), -1)
+        # the last prompt token is fed again by the first step, which samples after it;
+        # n_keys given, not read off the positions (that would wait for the GPU)
+        logits = self.m.model.decoder(tokens, positions, rows, self.slots.cache, width)
+        batch = torch.arange(len(prompts), device=device)
+        self.slots.state.start(
+            rows,
+            token=tokens[batch, lengths - 1],
+            position=lengths - 1,
+            timestamps=timestamps.bool(),
+            temperature=temperature,
+            min_tokens=min_tokens,
+            limit=limit,
+            no_speech=logits[batch, sot].float().softmax(-1)[:, tok.no_speech],
+            eot=tok.eot,
+        )
+        self.slots.next_position[rows] = [len(p) - 1 for p in prompts]
+
+    # --- decoding ----------------------------------------------------------------------------
+
+    def _forward(self, b: int, n_keys: int | None, timestamps: bool, sampling: bool) -> None:
+        """Each of rows [:b]'s greedy next token and its log-probability, under Whisper's rules;
+        when some row samples, also the filtered logits it draws from."""
+        state = self.slots.state
+        logits = self.m.model.decoder(
+            state.token[:b, None],
+            state.position[:b, None],
+            slice(0, b),
+            self.slots.cache,
+            n_keys,
+            self.triton,
+        )[:, -1]
+        view = state.view(b)
+        if sampling:
+            logits = self.rules.apply(logits, view, timestamps)
+            self.logits[:b] = logits
+            chosen, logprob = self.rules.choose(logits)
+        else:
+            chosen, logprob = self.rules.select(logits, view, timestamps)
+        self.chosen[:b], self.chosen_logprob[:b] = chosen, logprob
+
+    def _draw(self, n: int) -> None:
+        """Replace the greedy choice of sampling rows with a draw at their temperature."""
+        state, logits = self.slots.state, self.logits[:n]
+        scaled = logits / state.temperature[:n, None].clamp(min=1e-6)
+        drawn = torch.multinomial(scaled.softmax(dim=-1), 1, generator=self.generator)[:, 0]
+        logprob = logits.log_softmax(dim=-1).gather(1, drawn[:, None])[:, 0]
+        sampling = state.sampling[:n]
+        self.chosen[:n] = torch.where(sampling, drawn, self.chosen[:n])
+        self.chosen_logprob[:n] = torch.where(sampling, logprob, self.chosen_logprob[:n])
+
+    def _commit(self, b: int) -> None:
+        self.slots.state.commit(
+            b,
+            self.chosen[:b],
+            self.chosen_logprob[:b],
+            self.tok.eot,
+            self.tok.timestamp_begin,
+            self.slots.text_ctx - 1,
+        )
+
+    @torch.inference_mode()
+    def launch(self) -> None:
+        """Queue decode steps (the horizon's, or one while a row samples) for every live
+        sequence, without waiting for the GPU. Until `collect`, the caller may admit windows
+        into free slots (`encode`, `start`): their work queues behind the steps, so the host
+        prepares it while the GPU decodes."""
+        self._between_steps("launch more")
+        live = self.slots.live
+        n = len(live)
+        if n == 0:
+            return
+        self._launched = n
+        timestamps = any(s.task.timestamps for s in live)
+        sampling = any(s.task.temperature > 0 for s in live)
+        steps = 1 if sampling else self.horizon
+        b, n_keys = n, None
+        if self.pad_to_buckets:
+            b = bucket(n, DECODE_BUCKETS, self.slots.n_slots)
+            furthest = max(self.slots.next_position) + steps  # keys the last step reads
+            n_keys = key_bucket(furthest, self.slots.text_ctx)
+        key = (b, n_keys, timestamps, sampling)
+        if self.graphs and key not in self._step_graphs:
+            self._step_graphs[key] = (
+                self._graph(lambda: self._forward(*key)),
+                self._graph(lambda: self._commit(b)),
+            )
+        for _ in range(steps):
+            if self.graphs:
+                self._step_graphs[key][0].replay()
+            else:
+                self._forward(*key)
+            if sampling:
+                self._draw(n)
+            if self.graphs:
+                self._step_graphs[key][1].replay()
+            else:
+                self._commit(b)
+        last = self.slots.text_ctx - 1
+        self.slots.next_position[:n] = [min(p + steps, last) for p in self.slots.next_position[:n]]
+
+    @torch.inference_mode()
+    def collect(self) -> list[DecodedWindow]:
+        """Wait for the launched steps; return the windows among them that finished."""
+        n, self._launched = self._launched, None
+        if n is None:
+            return []
+        live = self.slots.live
+        return [
+            DecodedWindow(
+                row.slot,
+                live[row.slot],
+                WindowResult.of(row, live[row.slot].task.temperature, self.tok),
+            )
+            for row in self.slots.state.finished_rows(n, self.tok.eot)
+        ]

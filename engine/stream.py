@@ -1,0 +1,288 @@
+"""Continuous batching across inputs: what the worker, the command line and the bench drive.
+
+Every input becomes a request (`engine.longform`) that hands out 30 s windows. A stream feeds
+the windows of all its requests to one pool of slots (`engine.runner`): whenever slots are
+free, ready windows join the running batch (urgent inputs first); whenever a window finishes,
+its request takes the result and may hand out its next window at once. Temperature fallback
+re-decodes only the window that needs it, in its slot, from the K/V already projected.
+
+`submit` inputs as they come, call `step` while `busy`; each step hands back the inputs whose
+last window it decoded. `abort` takes an input out and frees its slots. `transcribe` runs an
+idle stream over a fixed list of inputs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.inputs import Prepared, sources
+from engine.longform import REQUESTS, Request, Window
+from engine.options import TranscriptionOptions
+from engine.result import Transcription
+from engine.runner import Runner
+from engine.slots import Sequence as Slotted
+
+if TYPE_CHECKING:
+    from engine.engine import Engine, Input
+
+Progress = Callable[[float, float], None]  # (seconds done, seconds in all)
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    """What a stream has done so far. Host seconds: on CUDA the work is asynchronous and shows
+    where the host waits for it (mostly in decode steps, which read their tokens back)."""
+
+    encode_s: float = 0.0  # admitting windows: log-mel, encoder, prefill
+    decode_s: float = 0.0  # in decode steps
+    windows: int = 0  # windows encoded
+
+    def __add__(self, other: StreamStats) -> StreamStats:
+        return StreamStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def __sub__(self, other: StreamStats) -> StreamStats:
+        return StreamStats(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class Finished:
+    owner: Hashable
+    transcription: Transcription
+
+
+@dataclass(eq=False)
+class _Input:
+    owner: Hashable
+    item: Prepared
+    options: TranscriptionOptions
+    urgent: bool
+    progress: Progress | None
+    order: tuple[bool, int]  # admitted in this order: urgent ones first, then by arrival
+    request: Request | None = None  # once its source is open (the next step)
+    polling: bool = False  # in Stream._polling
+
+
+class Stream:
+    """One model's pool of slots, fed by the inputs submitted to it. Not thread-safe, except
+    `prepare` and `check`, which job threads call while another thread steps."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.stats = StreamStats()
+        self._runner: Runner = engine.runner()
+        self._inputs: dict[Hashable, _Input] = {}  # every input not yet handed back
+        self._arrivals = itertools.count()
+        self._new: list[_Input] = []  # submitted, source not yet opened
+        self._done: list[_Input] = []  # opened with nothing to decode (empty input)
+        # opened inputs that may have windows ready, in `order`; one whose windows are all
+        # handed out leaves, and comes back when one of them is decoded
+        self._polling: list[_Input] = []
+        self._waiting: list[tuple[_Input, Window]] = []  # ready windows that did not fit yet
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._inputs)
+
+    @property
+    def owners(self) -> list[Hashable]:
+        """The owners of the inputs in the stream."""
+        return list(self._inputs)
+
+    def prepare(self, item: Input) -> Prepared:
+        """Validate and decode one input on the calling thread; see `Engine.prepare`."""
+        return self.engine.prepare(item)
+
+    def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
+        return self.engine.check(options)
+
+    def submit(
+        self,
+        owner: Hashable,
+        item: Prepared,
+        options: TranscriptionOptions | None = None,
+        *,
+        urgent: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        """Add a prepared input; `owner` (unique in the stream) comes back with its result.
+        urgent: admitted ahead of the others (interactive work before bulk)."""
+        if owner in self._inputs:
+            raise ValueError(f"{owner!r} is already in the stream")
+        options = self.check(options or TranscriptionOptions())
+        order = (not urgent, next(self._arrivals))
+        self._inputs[owner] = entry = _Input(owner, item, options, urgent, progress, order)
+        self._new.append(entry)
+
+    def abort(self, owner: Hashable) -> bool:
+        """Take an input out of the stream (between steps): its windows leave their slots and
+        it is never handed back. False if it was not in the stream."""
+        entry = self._inputs.pop(owner, None)
+        if entry is None:
+            return False
+        for group in (self._new, self._polling, self._done):
+            if entry in group:
+                group.remove(entry)
+        self._waiting = [(e, w) for e, w in self._waiting if e is not entry]
+        self._runner.release_where(lambda s: s.owner[0] is entry)
+        self._runner.compact()
+        return True
+
+    def reset(self) -> None:
+        """Drop every input (after a failure): the pool is free again."""
+        self._runner.reset()
+        self._inputs.clear()
+        self._new.clear()
+        self._polling.clear()
+        self._done.clear()
+        self._waiting.clear()
+
+    def shrink(self) -> bool:
+        """Drop every input and halve the pool of slots (after running out of device memory);
+        False at one slot, where there is nothing left to give up."""
+        self.reset()
+        if not self.engine.shrink():
+            return False
+        self._runner = None  # its caches go before the smaller pool is allocated
+        self._runner = self.engine.runner()
+        return True
+
+    @torch.inference_mode()
+    def step(self) -> list[Finished]:
+        """Launch decode steps, admit ready windows while the GPU runs them, then hand back the
+        inputs whose last window was decoded."""
+        runner = self._runner
+        start = time.perf_counter()
+        self._open()
+        finished, self._done = self._done, []
+        opened = time.perf_counter()
+        runner.launch()  # the GPU decodes while the host admits ready windows
+        launched = time.perf_counter()
+        windows = self._admit()
+        admitted = time.perf_counter()
+        if runner.n_live == 0 and len(self._inputs) > len(finished):
+            raise RuntimeError("no window is ready, yet some inputs are not done")
+        decoded = runner.collect()
+        self.stats += StreamStats(
+            encode_s=opened - start + admitted - launched,
+            decode_s=launched - opened + time.perf_counter() - admitted,
+            windows=windows,
+        )
+        for d in decoded:
+            entry, window = d.sequence.owner
+            r, options = entry.request, entry.options
+            retry = d.sequence.attempt + 1
+            if options.needs_fallback(d.result) and retry < len(options.temperature):
+                runner.restart(d.slot, r.task(window, options.temperature[retry]), retry)
+                continue
+            runner.release(d.slot)
+            r.accept(window, d.result)
+            if entry.progress:
+                entry.progress(r.done_seconds, r.source.duration)
+            if r.done:
+                finished.append(entry)
+            else:
+                self._poll(entry)
+        runner.compact()
+        for entry in finished:
+            del self._inputs[entry.owner]
+        return [Finished(e.owner, self._result(e)) for e in finished]
+
+    def transcribe(
+        self,
+        items: Sequence[Input],
+        options: TranscriptionOptions | None = None,
+        progress: Callable[[int, float, float], None] | None = None,
+    ) -> list[Transcription]:
+        """Transcribe these inputs together, on an idle stream; progress: (input index,
+        seconds done, seconds in all). A failure leaves the stream idle and free."""
+        if self.busy:
+            raise RuntimeError("transcribe() needs an idle stream; this one has inputs in it")
+        options = self.check(options or TranscriptionOptions())
+        prepared = [self.prepare(item) for item in items]
+        self._runner.generator.manual_seed(options.seed)
+        for i, p in enumerate(prepared):
+            self.submit(i, p, options, progress=progress and functools.partial(progress, i))
+        results: dict[Hashable, Transcription] = {}
+        try:
+            while self.busy:
+                results.update((f.owner, f.transcription) for f in self.step())
+        except BaseException:
+            self.reset()
+            raise
+        return [results[i] for i in range(len(items))]
+
+    def _open(self) -> None:
+        """Open the new inputs' sources: clips of up to 30 s get their log-mel in one pass."""
+        if not self._new:
+            return
+        new, self._new = self._new, []
+        m = self.engine.loaded
+        opened = sources([e.item for e in new], m.dims.n_mels, m.device)
+        for entry, source in zip(new, opened, strict=True):
+            entry.request = REQUESTS[entry.options.mode](source, entry.options, m.tokenizer)
+            if entry.request.done:
+                self._done.append(entry)
+            else:
+                self._poll(entry)
+
+    def _poll(self, entry: _Input) -> None:
+        if not entry.polling:
+            entry.polling = True
+            bisect.insort(self._polling, entry, key=lambda e: e.order)
+
+    def _admit(self) -> int:
+        """Admit ready windows (kept waiting until they fit) as one encoder batch; return how
+        many."""
+        runner, waiting, full = self._runner, self._waiting, self._runner.encoder_batch
+        polled = 0
+        for entry in self._polling:
+            if len(waiting) >= full:
+                break
+            polled += 1
+            for window in entry.request.ready():
+                waiting.append((entry, window))
+                if len(waiting) >= full:
+                    polled -= 1  # it may have more
+                    break
+        # the inputs polled to the end have handed out every window they have for now
+        for entry in self._polling[:polled]:
+            entry.polling = False
+        del self._polling[:polled]
+        room = runner.room(len(waiting))
+        if not room:
+            return 0
+        batch, waiting[:] = waiting[:room], waiting[room:]
+        mels = torch.stack([w.mel for _, w in batch]).to(self.engine.loaded.dtype)
+        rows = runner.encode(mels)
+        if any(e.request.needs_language for e, _ in batch):
+            for (e, _), guess in zip(batch, runner.detect_language(rows), strict=True):
+                e.request.detected(guess)
+        runner.start(
+            rows,
+            [Slotted((e, w), e.request.task(w, e.options.temperature[0])) for e, w in batch],
+        )
+        return len(batch)
+
+    def _result(self, entry: _Input) -> Transcription:
+        r, tok = entry.request, self.engine.loaded.tokenizer
+        if len(r.segments) == 1:  # its text is decoded already
+            text = r.segments[0].text
+        else:
+            text = tok.decode([t for seg in r.segments for t in seg.tokens])
+        return Transcription(
+            text=text.strip(),
+            language=r.language or "en",
+            language_probability=r.language_probability,
+            duration=round(r.source.duration, 3),
+            segments=r.segments,
+            model=self.engine.name,
+            options=dict(entry.options.__dict__),
+        )

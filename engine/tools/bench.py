@@ -1,0 +1,248 @@
+"""`whisperfleet bench`: the engine against plain transformers on one GPU, same work.
+
+Work: 30 s windows (random log-mel), exactly `tokens` new tokens each (end-of-text
+suppressed until then), fp16, random weights of Whisper's shapes (`random:<size>`: speed does
+not depend on the values). transformers runs `generate` with SDPA, with its default dynamic
+cache and with `cache_implementation="static"`. The engine runs what a worker runs: a `Stream`
+(`Engine.open`) with a pool of `batch` slots, fed `3 * batch` spectrogram inputs at once
+(continuous batching, CUDA graphs), its cross-attention cache in the model's dtype ("engine")
+or in fp8 ("engine fp8"), or the whole model in bf16 ("engine bf16"). Reported: windows/s
+(best of 2 runs after a warm-up), audio seconds per second (RTFx), latency of one window at
+batch 1 (median of several runs, with their range), peak GPU memory, and the engine's
+windows/s over transformers' static cache at the same batch. The second part, real weights
+on real speech, is `engine.tools.gpu_checks`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.decoding import DecodingRules
+from engine.engine import Engine, EngineConfig
+from engine.loader import RANDOM_CONFIGS, random_tokenizer
+from engine.mel import N_FRAMES
+from engine.options import TranscriptionOptions
+
+WINDOW_SECONDS = 30.0
+LATENCY_RUNS = 7  # batch 1: the median of this many runs, and their range
+SYSTEMS = ("engine", "fp8", "bf16", "dynamic", "static")
+
+
+@dataclass
+class Row:
+    model: str
+    system: str  # "engine", "engine fp8", "engine bf16", "transformers dynamic", "... static"
+    batch: int
+    windows_per_s: float
+    latency_ms: float | None  # one window at batch 1: the median of LATENCY_RUNS
+    peak_gib: float
+    tokens: str = "100"  # new tokens per window ("10-200": uniform mixed lengths)
+    latency_range_ms: tuple[float, float] | None = None  # fastest and slowest of the runs
+
+    @property
+    def rtfx(self) -> float:
+        return self.windows_per_s * WINDOW_SECONDS
+
+
+def _timed(fn: Callable[[], object], batch: int) -> tuple[float, list[float], float]:
+    """(best seconds, every run's seconds, peak GiB allocated) of `fn` after one warm-up:
+    2 runs, or LATENCY_RUNS at batch 1 (small and noisy)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    runs = []
+    for _ in range(LATENCY_RUNS if batch == 1 else 2):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        runs.append(time.perf_counter() - start)
+    return min(runs), runs, torch.cuda.max_memory_allocated() / 2**30
+
+
+def _latency(runs: list[float]) -> tuple[float, tuple[float, float]]:
+    return statistics.median(runs) * 1000, (min(runs) * 1000, max(runs) * 1000)
+
+
+def engine_run(
+    config: EngineConfig, n_windows: int, lengths: list[int]
+) -> Callable[[], list[list[int]]]:
+    """A function that pushes `n_windows` spectrogram inputs of one window each through a
+    stream, the i-th exactly `lengths[i % len(lengths)]` tokens long, returning their tokens.
+    The inputs are prepared once, as a worker's job threads prepare them before the engine."""
+    config = EngineConfig(
+        **{
+            **config.__dict__,
+            "rules": DecodingRules(sample_len=max(lengths), max_prompt=4),  # no previous text
+        }
+    )
+    stream = Engine.open(config)
+    n_mels = stream.engine.loaded.dims.n_mels
+    g = np.random.default_rng(0)
+    inputs = [
+        stream.prepare(g.standard_normal((n_mels, N_FRAMES), dtype=np.float32))
+        for _ in range(min(n_windows, 64))
+    ]
+    options = {
+        n: TranscriptionOptions(
+            language="en",
+            timestamps=False,
+            temperature=(0.0,),
+            condition_on_previous_text=False,
+            no_speech_threshold=None,  # every window is decoded, none skipped as silence
+            min_tokens=n,
+            sample_len=n,
+        )
+        for n in set(lengths)
+    }
+
+    def run() -> list[list[int]]:
+        for i in range(n_windows):
+            stream.submit(i, inputs[i % len(inputs)], options[lengths[i % len(lengths)]])
+        out: list[list[int]] = [[] for _ in range(n_windows)]
+        while stream.busy:
+            for f in stream.step():
+                out[f.owner] = [t for s in f.transcription.segments for t in s.tokens]
+        return out
+
+    return run
+
+
+def bench_engine(
+    size: str, batch: int, tokens: int | tuple[int, int], system: str = "engine"
+) -> Row:
+    """system: engine, fp8 (cross-attention K/V in fp8) or bf16 (the whole model in bf16)."""
+    if isinstance(tokens, tuple):  # uniform mixed lengths, same for every run
+        g = torch.Generator().manual_seed(1)
+        lengths = torch.randint(tokens[0], tokens[1] + 1, (3 * batch,), generator=g).tolist()
+        label = f"{tokens[0]}-{tokens[1]}"
+    else:
+        lengths, label = [tokens], str(tokens)
+    config = EngineConfig(
+        model=f"random:{size}",
+        device="cuda",
+        dtype="bf16" if system == "bf16" else "fp16",
+        slots=batch,
+        encoder_batch=min(batch, 32),
+        cross_kv="fp8" if system == "fp8" else "model",
+    )
+    n = 3 * batch if batch > 1 else 1
+    best, runs, peak = _timed(engine_run(config, n, lengths), batch)
+    name = {"engine": "engine", "fp8": "engine fp8", "bf16": "engine bf16"}[system]
+    row = Row(f"random:{size}", name, batch, n / best, None, peak, label)
+    if batch == 1:
+        row.latency_ms, row.latency_range_ms = _latency(runs)
+        row.windows_per_s = 1000 / row.latency_ms
+    return row
+
+
+def hf_model(size: str, device: torch.device):
+    """transformers' Whisper of this size, random weights, fp16, SDPA."""
+    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+    tok = random_tokenizer(size)
+    config = WhisperConfig(
+        **RANDOM_CONFIGS[size],
+        decoder_start_token_id=tok.sot,
+        eos_token_id=tok.eot,
+        pad_token_id=tok.eot,
+        bos_token_id=tok.eot,
+        attn_implementation="sdpa",
+    )
+    with torch.device(device):
+        model = WhisperForConditionalGeneration._from_config(config, dtype=torch.float16).eval()
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=tok.sot,
+        eos_token_id=tok.eot,
+        pad_token_id=tok.eot,
+        no_timestamps_token_id=tok.no_timestamps,
+        is_multilingual=True,
+        lang_to_id={f"<|{c}|>": i for c, i in tok.language_ids.items()},
+        task_to_id={"transcribe": tok.transcribe, "translate": tok.translate},
+        max_length=config.max_target_positions,
+    )
+    return model, config
+
+
+def bench_transformers(size: str, batch: int, cache: str, tokens: int) -> Row:
+    device = torch.device("cuda")
+    model, config = hf_model(size, device)
+    features = torch.randn(batch, config.num_mel_bins, N_FRAMES, device=device, dtype=torch.float16)
+    kwargs = {"cache_implementation": "static"} if cache == "static" else {}
+
+    @torch.inference_mode()
+    def run() -> None:
+        model.generate(
+            features,
+            language="en",
+            task="transcribe",
+            min_new_tokens=tokens,
+            max_new_tokens=tokens,
+            **kwargs,
+        )
+
+    best, runs, peak = _timed(run, batch)
+    row = Row(f"random:{size}", f"transformers {cache}", batch, batch / best, None, peak)
+    if batch == 1:
+        row.latency_ms, row.latency_range_ms = _latency(runs)
+        row.windows_per_s = 1000 / row.latency_ms
+    return row
+
+
+def run(
+    sizes: list[str], batches: list[int], systems: list[str], tokens: int, mixed: bool
+) -> list[Row]:
+    """Every system at every batch for every size, printing each row as it comes; a
+    transformers run that fails (out of memory, or one of its limits) is reported and left
+    out."""
+    rows: list[Row] = []
+    for size in sizes:
+        for system in systems:
+            for b in batches:
+                if system in ("engine", "fp8", "bf16"):
+                    rows.append(bench_engine(size, b, tokens, system))
+                    if mixed and b > 1:
+                        rows.append(bench_engine(size, b, (10, 200), system))
+                else:
+                    try:
+                        rows.append(bench_transformers(size, b, system, tokens))
+                    except Exception as e:  # out of memory, or a transformers limit: say so
+                        print(f"transformers {system} at batch {b}: {e!r}"[:300], file=sys.stderr)
+                torch.cuda.empty_cache()
+                print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a Markdown table; "vs static": an engine row's windows/s over transformers'
+    static cache at the same model and batch (fixed-length work, same run)."""
+    static = {
+        (r.model, r.batch): r.windows_per_s
+        for r in rows
+        if r.system == "transformers static" and r.tokens == "100"
+    }
+    lines = [
+        "| model | system | batch | tokens | windows/s | RTFx | latency ms | peak GiB "
+        "| vs static |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        latency = f"{r.latency_ms:.1f}" if r.latency_ms is not None else ""
+        if r.latency_range_ms:
+            latency += " ({:.1f}-{:.1f})".format(*r.latency_range_ms)
+        speed = f"{r.windows_per_s:.1f} | {r.rtfx:.0f}"
+        base = static.get((r.model, r.batch))
+        ratio = ""
+        if r.system.startswith("engine") and r.tokens == "100" and base:
+            ratio = f"{r.windows_per_s / base:.2f}x"
+        lines.append(
+            f"| {r.model} | {r.system} | {r.batch} | {r.tokens} | {speed} | {latency} "
+            f"| {r.peak_gib:.1f} | {ratio} |"
+        )
+    return "\n".join(lines)

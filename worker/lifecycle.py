@@ -1,0 +1,72 @@
+"""What a worker process runs besides its jobs, started and stopped by Celery's own worker
+signals, so that a worker started as operators do (`celery -A worker.app worker`) is as safe
+as `whisperfleet worker`:
+
+- log lines that name their job (`WHISPERFLEET_LOG_FORMAT`);
+- the default model loaded (and converted, the first time) before any message is taken;
+- the heartbeat that renews the lease of every job the process runs;
+- the reconciler that takes over the jobs of workers that died;
+- Prometheus metrics on `WHISPERFLEET_METRICS_PORT`;
+- a fault of the GPU itself ends the process (exit 70): its CUDA context cannot be trusted,
+  a supervisor starts a new one, and the jobs in flight are taken over by lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from celery.signals import setup_logging, worker_init, worker_shutdown
+
+from worker import logs, metrics
+from worker.contract.dispatch import dispatch
+from worker.contract.settings import get_settings
+from worker.leases import Reconciler
+from worker.tasks import app, transcribe
+
+log = logging.getLogger(__name__)
+
+CUDA_FAULT_EXIT = 70  # the process's exit status after a GPU fault; its supervisor restarts it
+_stop = threading.Event()
+
+
+def exit_on_device_fault(error: BaseException) -> None:
+    """End the process at once: nothing more can be trusted to the GPU, not even an answer
+    to the jobs in flight (they are taken over when their leases lapse)."""
+    log.critical("engine fault on the GPU, exiting: %r", error)
+    logging.shutdown()
+    os._exit(CUDA_FAULT_EXIT)
+
+
+@setup_logging.connect
+def _configure_logging(**_: object) -> None:
+    logs.configure(get_settings().log_format)
+
+
+@worker_init.connect
+def _start(**_: object) -> None:
+    """Before the worker consumes: load the default model, then start the threads."""
+    settings = get_settings()
+    logs.configure(settings.log_format)  # Celery sets its logging up only after this signal
+    transcribe.engines.on_device_fault = exit_on_device_fault
+    transcribe.engines.get(settings.default_model)
+    reconciler = Reconciler(
+        transcribe.store,
+        transcribe.leases,
+        lambda record: dispatch(app, transcribe.store, record),
+        settings.stale_after_s,
+        settings.max_attempts,
+    )
+    metrics.serve(settings.metrics_port, transcribe.store, transcribe.leases.held)
+    threading.Thread(
+        target=reconciler.loop, args=(settings.reconcile_every_s, _stop), daemon=True
+    ).start()
+    threading.Thread(
+        target=transcribe.leases.heartbeat, args=(transcribe.engines.healthy, _stop), daemon=True
+    ).start()
+
+
+@worker_shutdown.connect
+def _stop_threads(**_: object) -> None:
+    _stop.set()
