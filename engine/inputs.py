@@ -40,8 +40,11 @@ def _normalize(log10_mel: torch.Tensor, log10_max: float) -> torch.Tensor:
 
 
 def _padded(frames: torch.Tensor, floor: float) -> torch.Tensor:
-    """Up to N_FRAMES frames, padded with silence to exactly N_FRAMES."""
+    """Up to N_FRAMES frames, padded with silence to exactly N_FRAMES; a view of `frames` when
+    nothing is missing (windows are read, never written)."""
     frames = frames[:, :N_FRAMES]
+    if frames.shape[1] == N_FRAMES:
+        return frames
     return torch.nn.functional.pad(frames, (0, N_FRAMES - frames.shape[1]), value=floor)
 
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import operator
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from engine.engine import Engine, Input
 
 Progress = Callable[[float, float], None]  # (seconds done, seconds in all)
+_ORDER = operator.attrgetter("order")
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,18 @@ class StreamStats:
     windows: int = 0  # windows encoded
 
     def __add__(self, other: StreamStats) -> StreamStats:
-        return StreamStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        return StreamStats(
+            self.encode_s + other.encode_s,
+            self.decode_s + other.decode_s,
+            self.windows + other.windows,
+        )
 
     def __sub__(self, other: StreamStats) -> StreamStats:
-        return StreamStats(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+        return StreamStats(
+            self.encode_s - other.encode_s,
+            self.decode_s - other.decode_s,
+            self.windows - other.windows,
+        )
 
 
 @dataclass(frozen=True)
@@ -236,7 +246,7 @@ class Stream:
     def _poll(self, entry: _Input) -> None:
         if not entry.polling:
             entry.polling = True
-            bisect.insort(self._polling, entry, key=lambda e: e.order)
+            bisect.insort(self._polling, entry, key=_ORDER)
 
     def _admit(self) -> int:
         """Admit ready windows (kept waiting until they fit) as one encoder batch; return how
@@ -260,8 +270,7 @@ class Stream:
         if not room:
             return 0
         batch, waiting[:] = waiting[:room], waiting[room:]
-        mels = torch.stack([w.mel for _, w in batch]).to(self.engine.loaded.dtype)
-        rows = runner.encode(mels)
+        rows = runner.encode(torch.stack([w.mel for _, w in batch]))  # cast as it is copied in
         if any(e.request.needs_language for e, _ in batch):
             for (e, _), guess in zip(batch, runner.detect_language(rows), strict=True):
                 e.request.detected(guess)
