@@ -47,6 +47,7 @@ def test_submit_stores_input_records_job_and_queues_it(client, settings, clips):
         "task": "transcribe",
         "mode": "sequential",
         "prompt": None,
+        "timestamps": True,
     }
     assert job["input"] == {
         "kind": "audio",
