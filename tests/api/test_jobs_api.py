@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from worker.contract.jobs import JobStatus, JobStore
+from worker.contract.options import JobCreate
 from worker.storage import Storage
 
 
@@ -175,10 +176,19 @@ def test_size_cap_holds_without_content_length(client, settings):
     [
         ({"model": "large-v9"}, "unknown_model", ["large-v9", "tiny.en, base"]),
         ({"model": "/etc/passwd"}, "unknown_model", ["available"]),
-        ({"language": "klingon"}, "invalid_option", ["ISO 639-1"]),
-        ({"task": "summarize"}, "invalid_option", ["transcribe or translate"]),
-        ({"priority": "urgent"}, "invalid_option", ["interactive or bulk"]),
-        ({"mode": "fast"}, "invalid_option", ["sequential or chunked"]),
+        ({"model": "base", "language": "klingon"}, "invalid_option", ["'klingon'", "ISO 639-1"]),
+        ({"task": "summarize"}, "invalid_option", ["task 'summarize'", "'transcribe' or"]),
+        ({"priority": "urgent"}, "invalid_option", ["'interactive' or 'bulk'"]),
+        ({"mode": "fast"}, "invalid_option", ["'sequential' or 'chunked'"]),
+        ({"timestamps": "sometimes"}, "invalid_option", ["timestamps", "true or false"]),
+        ({"prompt": "x" * 1025}, "invalid_option", ["prompt of 1025", "at most 1024 characters"]),
+        # English-only models: refused at the door, not failed later by the worker
+        ({"language": "fr"}, "invalid_option", ["'tiny.en' is English-only", "drop language"]),
+        (
+            {"model": "tiny.en", "task": "translate"},
+            "invalid_option",
+            ["'tiny.en' is English-only", "drop task=translate", "(base)"],
+        ),
         ({"langauge": "en"}, "invalid_request", ["unknown form field 'langauge'"]),
     ],
 )
@@ -187,9 +197,36 @@ def test_bad_options_are_refused_and_the_upload_removed(
 ):
     response = submit(client, clips["en_jfk"].bytes, **fields)
     assert_error(response, 422, code, *words)
+    assert "Traceback" not in response.text and "ValidationError" not in response.text
     assert not queued_messages(settings)
     listing = Storage(settings).client.list_objects_v2(Bucket=settings.s3_bucket)
     assert listing.get("KeyCount", 0) == 0
+
+
+def test_a_multilingual_model_takes_any_language_and_translates(client, clips):
+    fields = {"model": "base", "language": "fr", "task": "translate", "timestamps": "false"}
+    response = submit(client, clips["fr_fleurs_000"].bytes, **fields)
+    assert response.status_code == 202, response.text
+    assert response.json()["options"] == {
+        "language": "fr",
+        "task": "translate",
+        "mode": "sequential",
+        "prompt": None,
+        "timestamps": False,
+    }
+
+
+def test_options_are_stored_on_the_record(client, settings, clips):
+    fields = {"timestamps": "false", "mode": "chunked", "prompt": "Ich bin ein Berliner."}
+    job = submit(client, clips["en_jfk"].bytes, **fields).json()
+    record = JobStore(redis.Redis.from_url(settings.redis_url)).get(job["id"])
+    assert record.options.timestamps is False and record.options.mode == "chunked"
+    assert record.options.prompt == "Ich bin ein Berliner." and record.model == "tiny.en"
+
+
+def test_empty_fields_count_as_omitted(client, clips):
+    job = submit(client, clips["en_jfk"].bytes, language="", task="", model="").json()
+    assert job["model"] == "tiny.en" and job["options"]["task"] == "transcribe"
 
 
 def test_missing_file_and_wrong_content_type(client):
@@ -210,3 +247,18 @@ def test_readiness_reports_unreachable_storage(settings):
     assert response.status_code == 503
     assert response.json()["checks"]["redis"] == "ok"
     assert response.json()["checks"]["storage"].startswith("error")
+
+
+def test_openapi_describes_the_submission_fields(client):
+    operation = client.get("/openapi.json").json()["paths"]["/v1/jobs"]["post"]
+    form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["required"] == ["file"] and form["properties"]["file"]["format"] == "binary"
+    assert list(form["properties"]) == ["file", *JobCreate.model_fields]
+    assert form["properties"]["task"]["enum"] == ["transcribe", "translate"]
+    assert form["properties"]["timestamps"] == {
+        "default": True,
+        "description": JobCreate.model_fields["timestamps"].description,
+        "title": "Timestamps",
+        "type": "boolean",
+    }
+    assert all(field["description"] for field in form["properties"].values())

@@ -1,12 +1,19 @@
 """A submission's options: the values each accepts, and what the server refuses at the door."""
 
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from worker.contract.jobs import QUEUES
 from worker.contract.options import (
     PROMPT_MAX_CHARS,
+    InputKind,
     JobCreate,
     JobOptions,
+    Mode,
     OptionError,
     Priority,
     Task,
@@ -95,3 +102,39 @@ def test_resolve_refuses_what_the_worker_would_fail(fields, code, words):
 def test_a_multilingual_model_translates_any_language():
     job = JobCreate.parse({"model": "base", "language": "fr", "task": "translate"})
     assert job.resolve(SERVED, "audio").options.task == "translate"
+
+
+def _listed(tree: ast.AST) -> Iterator[ast.AST]:
+    """The members written in each tuple, list, set, dict's keys or subscript."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            yield from node.elts
+        elif isinstance(node, ast.Dict):
+            yield from (k for k in node.keys if k is not None)
+        elif isinstance(node, ast.Subscript):
+            yield node.slice
+
+
+def test_option_values_are_listed_only_in_their_aliases():
+    """No other list of the values in the API or the contract: a new value is added once."""
+    root = Path(__file__).parents[2]
+    options = root / "worker/contract/options.py"
+    sources = sorted([*root.glob("api/**/*.py"), *root.glob("worker/contract/*.py")])
+    aliases = {"Task": Task, "Mode": Mode, "Priority": Priority, "InputKind": InputKind}
+    alias_of = {value: name for name, alias in aliases.items() for value in values(alias)}
+    listed = [
+        (member.value, path, member.lineno)
+        for path in sources
+        for member in _listed(ast.parse(path.read_text()))
+        if isinstance(member, ast.Constant) and member.value in alias_of
+    ]
+    lines = options.read_text().splitlines()
+    for value, path, line in listed:
+        assert path == options, f"{value!r} listed again at {path.relative_to(root)}:{line}"
+        assert lines[line - 1].startswith(f"{alias_of[value]} = Literal["), (value, line)
+    assert sorted(value for value, _, _ in listed) == sorted(alias_of)  # each once
+    # nor named at all outside the options module, as the issue asks
+    for value in ("sequential", "chunked", "translate", "bulk"):
+        quoted = re.compile(rf"[\"']{value}[\"']")
+        found = [p.name for p in sources if p != options and quoted.search(p.read_text())]
+        assert not found, f"{value!r} spelled out in {found}"
