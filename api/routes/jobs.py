@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import logging
 from enum import StrEnum
 
@@ -16,10 +15,21 @@ from worker.contract.dispatch import dispatch
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobInput, JobRecord, JobStatus, input_key, new_job_id
 from worker.contract.options import JobCreate, OptionError
+from worker.contract.results import TranscriptResult
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS = {code: {"model": ErrorBody} for code in (404, 409, 413, 422, 503)}
+RESULT = {
+    "model": TranscriptResult,
+    "description": "the transcript in the format asked for: `json` as described here, "
+    "`verbose_json` in OpenAI's shape, `text`, `srt` and `vtt` as text",
+    "content": {
+        w.media_type: {"schema": {"type": "string"}}
+        for w in WRITERS.values()
+        if w.media_type != WRITERS["json"].media_type
+    },
+}
 
 
 ResultFormat = StrEnum("ResultFormat", {name: name for name in WRITERS})
@@ -107,7 +117,7 @@ def read_job(job: OwnedJobDep) -> JobPublic:
     return JobPublic.from_record(job)
 
 
-@router.get("/{job_id}/result", responses=ERRORS)
+@router.get("/{job_id}/result", responses={200: RESULT, **ERRORS})
 async def read_result(
     job: OwnedJobDep, storage: StorageDep, format: ResultFormat = ResultFormat.json
 ) -> Response:
@@ -116,6 +126,8 @@ async def read_result(
     if job.status is not JobStatus.succeeded:
         why = f": {job.error.message}" if job.error else ""
         raise ApiError(409, "not_ready", f"job {job.id} is {job.status}{why}")
-    result = json.loads(await run_in_threadpool(storage.get, job.result_key))
+    stored = await run_in_threadpool(storage.get, job.result_key)
     writer = WRITERS[format]
-    return Response(writer.render(result), media_type=writer.media_type)
+    return Response(
+        writer.render(TranscriptResult.model_validate_json(stored)), media_type=writer.media_type
+    )

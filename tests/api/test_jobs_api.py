@@ -78,6 +78,44 @@ def test_result_before_success_is_not_ready(client, clips):
     assert_error(client.get(f"/v1/jobs/{job['id']}/result"), 409, "not_ready", "queued")
 
 
+def test_a_succeeded_jobs_result_in_every_format(client, settings, clips):
+    job = submit(client, clips["en_jfk"].bytes).json()
+    segment = {
+        "id": 0,
+        "start": 0.0,
+        "end": 2.5,
+        "text": " And so, my fellow Americans.",
+        "tokens": [50363, 843, 50488],
+        "avg_logprob": -0.25,
+        "compression_ratio": 0.9,
+        "no_speech_prob": 0.01,
+        "temperature": 0.0,
+    }
+    stored = {
+        "text": "And so, my fellow Americans.",
+        "language": "en",
+        "language_probability": None,
+        "duration": 11.0,
+        "segments": [segment],
+        "model": "tiny.en",
+        "options": job["options"],
+    }
+    body = json.dumps(stored, ensure_ascii=False).encode()
+    Storage(settings).put_once(f"jobs/default/{job['id']}/result.json", body, "application/json")
+    JobStore(redis.Redis.from_url(settings.redis_url)).transition(job["id"], JobStatus.succeeded)
+
+    def result(format: str):
+        return client.get(f"/v1/jobs/{job['id']}/result", params={"format": format})
+
+    assert result("json").content == body
+    assert result("json").headers["content-type"] == "application/json"
+    assert result("text").text == "And so, my fellow Americans.\n"
+    assert result("srt").text == "1\n00:00:00,000 --> 00:00:02,500\nAnd so, my fellow Americans.\n"
+    assert result("vtt").text == "WEBVTT\n\n00:00.000 --> 00:02.500\nAnd so, my fellow Americans.\n"
+    verbose = result("verbose_json").json()
+    assert verbose["task"] == "transcribe" and verbose["segments"][0]["seek"] == 0
+
+
 def test_unknown_job_is_not_found(client):
     assert_error(client.get("/v1/jobs/nope"), 404, "not_found", "nope")
     assert_error(client.get("/v1/jobs/nope/result"), 404, "not_found")
@@ -262,3 +300,22 @@ def test_openapi_describes_the_submission_fields(client):
         "type": "boolean",
     }
     assert all(field["description"] for field in form["properties"].values())
+
+
+def test_openapi_declares_the_result(client):
+    spec = client.get("/openapi.json").json()
+    ok = spec["paths"]["/v1/jobs/{job_id}/result"]["get"]["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/TranscriptResult"}
+    assert {"text/plain; charset=utf-8", "text/vtt; charset=utf-8"} <= set(ok)
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["TranscriptResult"]["properties"]) == {
+        "text",
+        "language",
+        "language_probability",
+        "duration",
+        "segments",
+        "model",
+        "options",
+    }
+    assert "no_speech_prob" in schemas["TranscriptSegment"]["properties"]
+    assert "timestamps" in schemas["JobOptions"]["properties"]
