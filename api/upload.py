@@ -200,7 +200,9 @@ async def receive_upload(
                     value += data
                     if len(value) > MAX_FIELD_BYTES:
                         raise ApiError(
-                            422, "invalid_request", f"form field {current!r} is too long"
+                            422,
+                            "invalid_request",
+                            f"form field {current!r} is over {MAX_FIELD_BYTES} bytes",
                         )
                 elif kind == "end" and current != "file" and current is not None:
                     if text := value.decode("utf-8", "replace").strip():  # empty: omitted

@@ -114,9 +114,8 @@ class JobCreate(JobOptions):
             available = ", ".join(settings.models)
             raise OptionError("unknown_model", f"unknown model {model!r}; available: {available}")
         if settings.english_only(model):
-            multilingual = [m for m in settings.models if not settings.english_only(m)]
-            instead = f", or choose a multilingual model ({', '.join(multilingual)})"
-            instead = instead if multilingual else ""
+            multilingual = ", ".join(m for m in settings.models if not settings.english_only(m))
+            instead = f", or choose a multilingual model ({multilingual})" if multilingual else ""
             if self.task == "translate":
                 raise OptionError(
                     "invalid_option",
