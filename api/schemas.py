@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from pydantic import BaseModel
 
-from worker.contract.jobs import JobError, JobInput, JobOptions, JobRecord, JobStatus, Progress
+from worker.contract.jobs import JobError, JobInput, JobRecord, JobStatus, Progress
+from worker.contract.options import JobOptions, Priority
 
 
 class JobPublic(BaseModel):
@@ -15,7 +15,7 @@ class JobPublic(BaseModel):
     status: JobStatus
     model: str
     options: JobOptions
-    priority: Literal["interactive", "bulk"]
+    priority: Priority
     input: JobInput
     created_at: datetime
     started_at: datetime | None

@@ -14,6 +14,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
+from worker.contract.options import PROMPT_MAX_CHARS, JobCreate
 from worker.contract.uploads import (
     EXPECTED,
     SPECTROGRAM_FORMS,
@@ -27,9 +28,9 @@ from worker.contract.uploads import (
 )
 from worker.storage import ObjectWriter
 
-FORM_FIELDS = {"model", "language", "task", "priority", "input", "mode", "prompt"}
+FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`
 SNIFF_BYTES = 16
-MAX_FIELD_BYTES = 1024
+MAX_FIELD_BYTES = 4 * PROMPT_MAX_CHARS  # a whole prompt in UTF-8: its length is checked later
 
 
 @dataclass
@@ -199,10 +200,13 @@ async def receive_upload(
                     value += data
                     if len(value) > MAX_FIELD_BYTES:
                         raise ApiError(
-                            422, "invalid_request", f"form field {current!r} is too long"
+                            422,
+                            "invalid_request",
+                            f"form field {current!r} is over {MAX_FIELD_BYTES} bytes",
                         )
                 elif kind == "end" and current != "file" and current is not None:
-                    upload.fields[current] = value.decode("utf-8", "replace").strip()
+                    if text := value.decode("utf-8", "replace").strip():  # empty: omitted
+                        upload.fields[current] = text
             parts.events.clear()
         parser.finalize()
         if not seen_file:

@@ -210,12 +210,13 @@ def test_long_audio_and_subtitle_formats(api_url, clips):
     assert verbose["language"] == "english" and verbose["segments"][-1]["end"] > 30
 
 
-def test_english_only_model_fails_a_translate_job_clearly(api_url, clips):
+def test_english_only_model_refuses_a_translate_job_at_submission(api_url, clips):
     url, _ = api_url
-    job = run_job(url, clips["en_jfk"].bytes, "jfk.flac", task="translate")
-    assert job["status"] == "failed"
-    assert job["error"]["code"] == "invalid_option"
-    assert "multilingual" in job["error"]["message"]
+    files = {"file": ("jfk.flac", clips["en_jfk"].bytes)}
+    response = httpx.post(f"{url}/v1/jobs", files=files, data={"task": "translate"})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_option" and "English-only" in error["message"]
 
 
 def test_stack_command_serves_and_stops_everything_on_ctrl_c(clips, stack_env, tmp_path):

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import logging
 from enum import StrEnum
 
@@ -14,64 +13,50 @@ from api.schemas import JobPublic
 from api.upload import receive_upload
 from worker.contract.dispatch import dispatch
 from worker.contract.formats import WRITERS
-from worker.contract.jobs import (
-    JobError,
-    JobInput,
-    JobOptions,
-    JobRecord,
-    JobStatus,
-    input_key,
-    new_job_id,
-)
-from worker.contract.languages import LANGUAGES
-from worker.contract.settings import Settings
+from worker.contract.jobs import JobError, JobInput, JobRecord, JobStatus, input_key, new_job_id
+from worker.contract.options import JobCreate, OptionError
+from worker.contract.results import TranscriptResult
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS = {code: {"model": ErrorBody} for code in (404, 409, 413, 422, 503)}
+RESULT = {
+    "model": TranscriptResult,
+    "description": "the transcript in the format asked for: `json` as described here, "
+    "`verbose_json` in OpenAI's shape, `text`, `srt` and `vtt` as text",
+    "content": {
+        w.media_type: {"schema": {"type": "string"}}
+        for w in WRITERS.values()
+        if w.media_type != WRITERS["json"].media_type
+    },
+}
 
 
 ResultFormat = StrEnum("ResultFormat", {name: name for name in WRITERS})
 
 
-def _job_fields(
-    fields: dict[str, str], settings: Settings, kind: str
-) -> tuple[str, JobOptions, str]:
-    """Validate the form fields: (model, options, priority)."""
-    model = fields.get("model") or settings.default_model
-    if model not in settings.models:
-        available = ", ".join(settings.models)
-        raise ApiError(422, "unknown_model", f"unknown model {model!r}; available: {available}")
-    language = (fields.get("language") or "").lower() or None
-    if language is not None and language not in LANGUAGES:
-        raise ApiError(
-            422, "invalid_option", f"unknown language {language!r}; expected an ISO 639-1 code"
-        )
-    choices = {
-        "task": ("transcribe", "translate"),
-        "priority": ("interactive", "bulk"),
-        "mode": ("sequential", "chunked"),
-        "input": ("audio", "spectrogram"),
-    }
-    chosen = {}
-    for name, allowed in choices.items():
-        chosen[name] = fields.get(name) or allowed[0]
-        if chosen[name] not in allowed:
-            expected = " or ".join(allowed)
-            raise ApiError(422, "invalid_option", f"{name} {chosen[name]!r}: expected {expected}")
-    if fields.get("input") and chosen["input"] != kind:
-        code = "invalid_spectrogram" if chosen["input"] == "spectrogram" else "invalid_audio"
-        raise ApiError(422, code, f"declared input={chosen['input']}, but the file is {kind}")
-    options = JobOptions(
-        language=language,
-        task=chosen["task"],
-        mode=chosen["mode"],
-        prompt=fields.get("prompt") or None,
-    )
-    return model, options, chosen["priority"]
+def _form_schema() -> dict:
+    """The multipart body for OpenAPI: `file`, then JobCreate's fields (the route streams the
+    body itself, so FastAPI cannot describe it)."""
+    schema = JobCreate.model_json_schema()
+    file = {"type": "string", "format": "binary", "description": "audio, or a .npy spectrogram"}
+    schema["properties"] = {"file": file, **schema["properties"]}
+    schema["required"] = ["file"]
+    return schema
 
 
-@router.post("", status_code=202, response_model=JobPublic, responses=ERRORS)
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobPublic,
+    responses=ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": _form_schema()}},
+        }
+    },
+)
 async def create_job(
     request: Request,
     settings: SettingsDep,
@@ -82,30 +67,33 @@ async def create_job(
 ) -> JobPublic:
     """Upload audio or a .npy log-mel spectrogram (multipart field `file`) and queue it.
 
-    Form fields: `model`, `language` (ISO 639-1; omit to detect), `task` (transcribe or
-    translate), `mode` (sequential or chunked, for long audio), `prompt` (text as if it came
-    before the audio), `priority` (interactive or bulk), `input` (audio or spectrogram;
-    recognised from the file when omitted).
+    The other form fields are the job's options (the request body's schema lists them, with
+    their values and defaults): `model`, `language`, `task`, `mode`, `prompt`, `timestamps`
+    (false: each 30 s window is one segment), `priority`, `input`; an empty field counts as
+    omitted. Refused with 422 before anything is queued, the upload deleted: an unknown field
+    (`invalid_request`), a bad value (`invalid_option`), a model the server does not serve
+    (`unknown_model`), `task=translate` or a `language` other than `en` on an English-only
+    model (`invalid_option`), a declared `input` the file is not (`invalid_audio` /
+    `invalid_spectrogram`).
     """
     job_id = new_job_id()
     key = input_key(tenant, job_id)
     upload = await receive_upload(
         request, storage.writer(key), settings.max_upload_bytes, settings.max_spectrogram_frames
     )
-    kind = upload.sniffed.kind
     try:
-        model, options, priority = _job_fields(upload.fields, settings, kind)
-    except ApiError:
+        job = JobCreate.parse(upload.fields).resolve(settings, upload.sniffed.kind)
+    except OptionError as e:
         await run_in_threadpool(storage.delete, key)
-        raise
+        raise ApiError(422, e.code, str(e)) from e
     record = JobRecord(
         id=job_id,
         tenant=tenant,
-        model=model,
-        options=options,
-        priority=priority,
+        model=job.model,
+        options=job.options,
+        priority=job.priority,
         input=JobInput(
-            kind=kind,
+            kind=job.input,
             bytes=upload.size,
             filename=upload.filename,
             format=upload.sniffed.format,
@@ -129,7 +117,7 @@ def read_job(job: OwnedJobDep) -> JobPublic:
     return JobPublic.from_record(job)
 
 
-@router.get("/{job_id}/result", responses=ERRORS)
+@router.get("/{job_id}/result", responses={200: RESULT, **ERRORS})
 async def read_result(
     job: OwnedJobDep, storage: StorageDep, format: ResultFormat = ResultFormat.json
 ) -> Response:
@@ -138,6 +126,8 @@ async def read_result(
     if job.status is not JobStatus.succeeded:
         why = f": {job.error.message}" if job.error else ""
         raise ApiError(409, "not_ready", f"job {job.id} is {job.status}{why}")
-    result = json.loads(await run_in_threadpool(storage.get, job.result_key))
+    stored = await run_in_threadpool(storage.get, job.result_key)
     writer = WRITERS[format]
-    return Response(writer.render(result), media_type=writer.media_type)
+    return Response(
+        writer.render(TranscriptResult.model_validate_json(stored)), media_type=writer.media_type
+    )

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from worker.contract.jobs import JobStatus, JobStore
+from worker.contract.options import JobCreate
 from worker.storage import Storage
 
 
@@ -47,6 +48,7 @@ def test_submit_stores_input_records_job_and_queues_it(client, settings, clips):
         "task": "transcribe",
         "mode": "sequential",
         "prompt": None,
+        "timestamps": True,
     }
     assert job["input"] == {
         "kind": "audio",
@@ -74,6 +76,44 @@ def test_bulk_priority_goes_to_the_bulk_queue(client, settings, clips):
 def test_result_before_success_is_not_ready(client, clips):
     job = submit(client, clips["en_jfk"].bytes).json()
     assert_error(client.get(f"/v1/jobs/{job['id']}/result"), 409, "not_ready", "queued")
+
+
+def test_a_succeeded_jobs_result_in_every_format(client, settings, clips):
+    job = submit(client, clips["en_jfk"].bytes).json()
+    segment = {
+        "id": 0,
+        "start": 0.0,
+        "end": 2.5,
+        "text": " And so, my fellow Americans.",
+        "tokens": [50363, 843, 50488],
+        "avg_logprob": -0.25,
+        "compression_ratio": 0.9,
+        "no_speech_prob": 0.01,
+        "temperature": 0.0,
+    }
+    stored = {
+        "text": "And so, my fellow Americans.",
+        "language": "en",
+        "language_probability": None,
+        "duration": 11.0,
+        "segments": [segment],
+        "model": "tiny.en",
+        "options": job["options"],
+    }
+    body = json.dumps(stored, ensure_ascii=False).encode()
+    Storage(settings).put_once(f"jobs/default/{job['id']}/result.json", body, "application/json")
+    JobStore(redis.Redis.from_url(settings.redis_url)).transition(job["id"], JobStatus.succeeded)
+
+    def result(format: str):
+        return client.get(f"/v1/jobs/{job['id']}/result", params={"format": format})
+
+    assert result("json").content == body
+    assert result("json").headers["content-type"] == "application/json"
+    assert result("text").text == "And so, my fellow Americans.\n"
+    assert result("srt").text == "1\n00:00:00,000 --> 00:00:02,500\nAnd so, my fellow Americans.\n"
+    assert result("vtt").text == "WEBVTT\n\n00:00.000 --> 00:02.500\nAnd so, my fellow Americans.\n"
+    verbose = result("verbose_json").json()
+    assert verbose["task"] == "transcribe" and verbose["segments"][0]["seek"] == 0
 
 
 def test_unknown_job_is_not_found(client):
@@ -174,10 +214,20 @@ def test_size_cap_holds_without_content_length(client, settings):
     [
         ({"model": "large-v9"}, "unknown_model", ["large-v9", "tiny.en, base"]),
         ({"model": "/etc/passwd"}, "unknown_model", ["available"]),
-        ({"language": "klingon"}, "invalid_option", ["ISO 639-1"]),
-        ({"task": "summarize"}, "invalid_option", ["transcribe or translate"]),
-        ({"priority": "urgent"}, "invalid_option", ["interactive or bulk"]),
-        ({"mode": "fast"}, "invalid_option", ["sequential or chunked"]),
+        ({"model": "base", "language": "klingon"}, "invalid_option", ["'klingon'", "ISO 639-1"]),
+        ({"task": "summarize"}, "invalid_option", ["task 'summarize'", "'transcribe' or"]),
+        ({"priority": "urgent"}, "invalid_option", ["'interactive' or 'bulk'"]),
+        ({"mode": "fast"}, "invalid_option", ["'sequential' or 'chunked'"]),
+        ({"timestamps": "sometimes"}, "invalid_option", ["timestamps", "true or false"]),
+        ({"prompt": "x" * 1025}, "invalid_option", ["prompt of 1025", "at most 1024 characters"]),
+        ({"prompt": "x" * 5000}, "invalid_request", ["'prompt' is over 4096 bytes"]),
+        # English-only models: refused at the door, not failed later by the worker
+        ({"language": "fr"}, "invalid_option", ["'tiny.en' is English-only", "drop language"]),
+        (
+            {"model": "tiny.en", "task": "translate"},
+            "invalid_option",
+            ["'tiny.en' is English-only", "drop task=translate", "(base)"],
+        ),
         ({"langauge": "en"}, "invalid_request", ["unknown form field 'langauge'"]),
     ],
 )
@@ -186,9 +236,36 @@ def test_bad_options_are_refused_and_the_upload_removed(
 ):
     response = submit(client, clips["en_jfk"].bytes, **fields)
     assert_error(response, 422, code, *words)
+    assert "Traceback" not in response.text and "ValidationError" not in response.text
     assert not queued_messages(settings)
     listing = Storage(settings).client.list_objects_v2(Bucket=settings.s3_bucket)
     assert listing.get("KeyCount", 0) == 0
+
+
+def test_a_multilingual_model_takes_any_language_and_translates(client, clips):
+    fields = {"model": "base", "language": "fr", "task": "translate", "timestamps": "false"}
+    response = submit(client, clips["fr_fleurs_000"].bytes, **fields)
+    assert response.status_code == 202, response.text
+    assert response.json()["options"] == {
+        "language": "fr",
+        "task": "translate",
+        "mode": "sequential",
+        "prompt": None,
+        "timestamps": False,
+    }
+
+
+def test_options_are_stored_on_the_record(client, settings, clips):
+    fields = {"timestamps": "false", "mode": "chunked", "prompt": "Ich bin ein Berliner."}
+    job = submit(client, clips["en_jfk"].bytes, **fields).json()
+    record = JobStore(redis.Redis.from_url(settings.redis_url)).get(job["id"])
+    assert record.options.timestamps is False and record.options.mode == "chunked"
+    assert record.options.prompt == "Ich bin ein Berliner." and record.model == "tiny.en"
+
+
+def test_empty_fields_count_as_omitted(client, clips):
+    job = submit(client, clips["en_jfk"].bytes, language="", task="", model="").json()
+    assert job["model"] == "tiny.en" and job["options"]["task"] == "transcribe"
 
 
 def test_missing_file_and_wrong_content_type(client):
@@ -209,3 +286,37 @@ def test_readiness_reports_unreachable_storage(settings):
     assert response.status_code == 503
     assert response.json()["checks"]["redis"] == "ok"
     assert response.json()["checks"]["storage"].startswith("error")
+
+
+def test_openapi_describes_the_submission_fields(client):
+    operation = client.get("/openapi.json").json()["paths"]["/v1/jobs"]["post"]
+    form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["required"] == ["file"] and form["properties"]["file"]["format"] == "binary"
+    assert list(form["properties"]) == ["file", *JobCreate.model_fields]
+    assert form["properties"]["task"]["enum"] == ["transcribe", "translate"]
+    assert form["properties"]["timestamps"] == {
+        "default": True,
+        "description": JobCreate.model_fields["timestamps"].description,
+        "title": "Timestamps",
+        "type": "boolean",
+    }
+    assert all(field["description"] for field in form["properties"].values())
+
+
+def test_openapi_declares_the_result(client):
+    spec = client.get("/openapi.json").json()
+    ok = spec["paths"]["/v1/jobs/{job_id}/result"]["get"]["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/TranscriptResult"}
+    assert {"text/plain; charset=utf-8", "text/vtt; charset=utf-8"} <= set(ok)
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["TranscriptResult"]["properties"]) == {
+        "text",
+        "language",
+        "language_probability",
+        "duration",
+        "segments",
+        "model",
+        "options",
+    }
+    assert "no_speech_prob" in schemas["TranscriptSegment"]["properties"]
+    assert "timestamps" in schemas["JobOptions"]["properties"]

@@ -3,14 +3,14 @@ import json
 import pytest
 
 from worker.contract.formats import WRITERS, format_timestamp
+from worker.contract.results import TranscriptResult
 
-RESULT = {
+# as stored: the fields in TranscriptResult's order, every job option
+STORED = {
     "text": "Hello there. General Kenobi.",
     "language": "en",
     "language_probability": None,
     "duration": 3725.5,
-    "model": "tiny.en",
-    "options": {"task": "transcribe"},
     "segments": [
         {
             "id": 0,
@@ -35,7 +35,16 @@ RESULT = {
             "temperature": 0.2,
         },
     ],
+    "model": "tiny.en",
+    "options": {
+        "language": None,
+        "task": "transcribe",
+        "mode": "sequential",
+        "prompt": None,
+        "timestamps": True,
+    },
 }
+RESULT = TranscriptResult.model_validate(STORED)
 
 
 @pytest.mark.parametrize(
@@ -67,13 +76,20 @@ def test_vtt():
 
 def test_text_and_json():
     assert WRITERS["text"].render(RESULT) == "Hello there. General Kenobi.\n"
-    assert json.loads(WRITERS["json"].render(RESULT)) == RESULT
+    assert WRITERS["json"].render(RESULT) == json.dumps(STORED, ensure_ascii=False)
+
+
+def test_results_stored_with_other_option_keys_still_load():
+    earlier = {**STORED, "options": {"task": "translate", "initial_prompt": None, "beam": 1}}
+    result = TranscriptResult.model_validate_json(json.dumps(earlier))
+    assert result.options.task == "translate" and result.options.timestamps is True
+    assert json.loads(WRITERS["verbose_json"].render(result))["task"] == "translate"
 
 
 def test_verbose_json_is_openais_shape():
     body = json.loads(WRITERS["verbose_json"].render(RESULT))
     assert body["task"] == "transcribe" and body["language"] == "english"
-    assert body["duration"] == 3725.5 and body["text"] == RESULT["text"]
+    assert body["duration"] == 3725.5 and body["text"] == RESULT.text
     assert set(body["segments"][1]) == {
         "id",
         "seek",

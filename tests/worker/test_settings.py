@@ -26,3 +26,17 @@ def test_default_model_must_be_served(monkeypatch):
     monkeypatch.setenv("WHISPERFLEET_DEFAULT_MODEL", "base")
     with pytest.raises(ValidationError, match="not in models"):
         Settings()
+
+
+@pytest.mark.parametrize(
+    "name, english_only",
+    [
+        ("tiny.en", True),
+        ("base", False),
+        ("small", True),  # by its source
+        ("fast.en", False),  # random weights take a multilingual vocabulary
+    ],
+)
+def test_english_only_models_by_whispers_naming(name, english_only):
+    settings = Settings(models="tiny.en,base,small=/models/whisper-small.en/,fast.en=random:tiny")
+    assert settings.english_only(name) is english_only

@@ -1,4 +1,4 @@
-"""Render a stored result (whisperfleet's JSON) as json, verbose_json, text, srt or vtt.
+"""Render a stored result (a TranscriptResult) as json, verbose_json, text, srt or vtt.
 
 Light on purpose (no torch): the API renders results it reads from storage, and the CLI uses
 the same writers. One small writer per format, each with its media type and file extension.
@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 from typing import ClassVar
+
+from worker.contract.languages import LANGUAGES
+from worker.contract.results import TranscriptResult
 
 
 def format_timestamp(seconds: float, decimal: str = ".", always_hours: bool = False) -> str:
@@ -24,7 +27,7 @@ class ResultWriter:
     extension: ClassVar[str]
     media_type: ClassVar[str]
 
-    def render(self, result: dict) -> str:
+    def render(self, result: TranscriptResult) -> str:
         raise NotImplementedError
 
 
@@ -33,8 +36,8 @@ class WriteJSON(ResultWriter):
 
     extension, media_type = "json", "application/json"
 
-    def render(self, result: dict) -> str:
-        return json.dumps(result, ensure_ascii=False)
+    def render(self, result: TranscriptResult) -> str:
+        return json.dumps(result.model_dump(), ensure_ascii=False)
 
 
 class WriteVerboseJSON(ResultWriter):
@@ -42,30 +45,27 @@ class WriteVerboseJSON(ResultWriter):
 
     extension, media_type = "verbose.json", "application/json"
 
-    def render(self, result: dict) -> str:
-        from worker.contract.languages import LANGUAGES
-
-        task = (result.get("options") or {}).get("task", "transcribe")
+    def render(self, result: TranscriptResult) -> str:
         segments = [
             {
-                "id": s["id"],
-                "seek": round(s["start"] * 100),
-                "start": s["start"],
-                "end": s["end"],
-                "text": s["text"],
-                "tokens": s["tokens"],
-                "temperature": s["temperature"],
-                "avg_logprob": s["avg_logprob"],
-                "compression_ratio": s["compression_ratio"],
-                "no_speech_prob": s["no_speech_prob"],
+                "id": s.id,
+                "seek": round(s.start * 100),
+                "start": s.start,
+                "end": s.end,
+                "text": s.text,
+                "tokens": s.tokens,
+                "temperature": s.temperature,
+                "avg_logprob": s.avg_logprob,
+                "compression_ratio": s.compression_ratio,
+                "no_speech_prob": s.no_speech_prob,
             }
-            for s in result["segments"]
+            for s in result.segments
         ]
         body = {
-            "task": task,
-            "language": LANGUAGES.get(result["language"], result["language"]),
-            "duration": result["duration"],
-            "text": result["text"],
+            "task": result.options.task,
+            "language": LANGUAGES.get(result.language, result.language),
+            "duration": result.duration,
+            "text": result.text,
             "segments": segments,
         }
         return json.dumps(body, ensure_ascii=False)
@@ -74,30 +74,30 @@ class WriteVerboseJSON(ResultWriter):
 class WriteText(ResultWriter):
     extension, media_type = "txt", "text/plain; charset=utf-8"
 
-    def render(self, result: dict) -> str:
-        return result["text"] + "\n"
+    def render(self, result: TranscriptResult) -> str:
+        return result.text + "\n"
 
 
 class WriteSRT(ResultWriter):
     extension, media_type = "srt", "application/x-subrip; charset=utf-8"
 
-    def render(self, result: dict) -> str:
+    def render(self, result: TranscriptResult) -> str:
         cues = []
-        for i, s in enumerate(result["segments"], start=1):
-            start = format_timestamp(s["start"], ",", always_hours=True)
-            end = format_timestamp(s["end"], ",", always_hours=True)
-            cues.append(f"{i}\n{start} --> {end}\n{s['text'].strip()}\n")
+        for i, s in enumerate(result.segments, start=1):
+            start = format_timestamp(s.start, ",", always_hours=True)
+            end = format_timestamp(s.end, ",", always_hours=True)
+            cues.append(f"{i}\n{start} --> {end}\n{s.text.strip()}\n")
         return "\n".join(cues)
 
 
 class WriteVTT(ResultWriter):
     extension, media_type = "vtt", "text/vtt; charset=utf-8"
 
-    def render(self, result: dict) -> str:
+    def render(self, result: TranscriptResult) -> str:
         cues = []
-        for s in result["segments"]:
-            start, end = format_timestamp(s["start"]), format_timestamp(s["end"])
-            cues.append(f"{start} --> {end}\n{s['text'].strip()}\n")
+        for s in result.segments:
+            start, end = format_timestamp(s.start), format_timestamp(s.end)
+            cues.append(f"{start} --> {end}\n{s.text.strip()}\n")
         return "\n".join(["WEBVTT\n", *cues])
 
 

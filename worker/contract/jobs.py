@@ -12,12 +12,13 @@ import time
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Literal
 
 import redis
 from pydantic import BaseModel, Field
 
-QUEUES = ("interactive", "bulk")  # consumed in this order: interactive work goes first
+from worker.contract.options import InputKind, JobOptions, Priority, values
+
+QUEUES = values(Priority)  # consumed in this order: interactive work goes first
 TASK_NAME = "whisperfleet.transcribe"
 DEFAULT_TENANT = "default"
 
@@ -57,18 +58,11 @@ class JobError(BaseModel):
 
 
 class JobInput(BaseModel):
-    kind: Literal["audio", "spectrogram"]
+    kind: InputKind
     bytes: int
     filename: str | None = None  # as the client named it; never used in a storage key
     format: str  # as sniffed from the header: wav, flac, ogg, mp3, mp4, webm, aac, npy
     frames: int | None = None  # spectrogram frames (100 per second), from the .npy header
-
-
-class JobOptions(BaseModel):
-    language: str | None = None  # ISO 639-1; None: detect
-    task: Literal["transcribe", "translate"] = "transcribe"
-    mode: Literal["sequential", "chunked"] = "sequential"  # long audio
-    prompt: str | None = None  # text as if it preceded the audio (names, spellings)
 
 
 class Progress(BaseModel):
@@ -82,7 +76,7 @@ class JobRecord(BaseModel):
     status: JobStatus = JobStatus.queued
     model: str
     options: JobOptions = Field(default_factory=JobOptions)
-    priority: Literal["interactive", "bulk"] = "interactive"
+    priority: Priority = "interactive"
     input: JobInput
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     started_at: datetime | None = None

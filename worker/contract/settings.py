@@ -95,6 +95,15 @@ class Settings(BaseSettings):
             raise ValueError(f"default_model {value!r} is not in models ({', '.join(models)})")
         return value
 
+    def english_only(self, name: str) -> bool:
+        """Whether model `name` knows only English, by Whisper's naming: its name or its source
+        ends in `.en` (tiny.en, openai/whisper-small.en). Random weights (`random:*`) always
+        take a multilingual vocabulary."""
+        source = self.models.get(name, name)
+        if source.startswith("random:"):
+            return False
+        return name.endswith(".en") or source.rstrip("/").endswith(".en")
+
     @property
     def redis_is_local(self) -> bool:
         return urlparse(self.redis_url).hostname in ("127.0.0.1", "localhost", "::1")

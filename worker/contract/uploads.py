@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.contract.options import InputKind
+
 EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio, or a .npy spectrogram"
 
 
@@ -17,7 +19,7 @@ class Sniffed:
     supported: bool
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> InputKind:
         return "spectrogram" if self.format == "npy" else "audio"
 
 

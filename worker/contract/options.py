@@ -1,0 +1,163 @@
+"""A job's options: what a submission may ask for, the values each accepts, the checks at the door.
+
+Light on purpose (no torch, no FastAPI). Each list of allowed values is written once, as a
+`Literal` alias: the models below validate against it, OpenAPI shows it, and anyone else who
+needs the list (the CLI's choices) reads it with `values()`. `JobCreate` is what a submission
+carries; `JobOptions`, its part that is stored on the record, passed to the worker and kept in
+the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
+
+from worker.contract.languages import LANGUAGES
+from worker.contract.settings import Settings
+
+Task = Literal["transcribe", "translate"]
+Mode = Literal["sequential", "chunked"]
+Priority = Literal["interactive", "bulk"]
+InputKind = Literal["audio", "spectrogram"]
+
+# Whisper keeps only the prompt's last 223 tokens; this bounds what a client may send
+PROMPT_MAX_CHARS = 1024
+
+
+def values(alias: Any) -> tuple[str, ...]:
+    """The values of a `Literal` alias, in the order written: `values(Task)`."""
+    return get_args(alias)
+
+
+class OptionError(ValueError):
+    """A submission the server refuses; `code` is the API's error code for it."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class JobOptions(BaseModel):
+    """How a job is transcribed: stored on its record, passed to the worker, kept in its result.
+
+    Keys it does not know are ignored, so results stored by earlier versions still load.
+    """
+
+    language: str | None = Field(
+        None,
+        description="ISO 639-1 code of the spoken language; omitted: detected (multilingual "
+        "models)",
+    )
+    task: Task = Field(
+        "transcribe", description="transcribe, or translate into English (multilingual models)"
+    )
+    mode: Mode = Field(
+        "sequential",
+        description="for long audio: sequential (Whisper's seek over 30 s windows, each "
+        "conditioned on the text before) or chunked (independent windows cut at quiet moments, "
+        "decoded together: faster, slightly less accurate)",
+    )
+    prompt: str | None = Field(
+        None,
+        max_length=PROMPT_MAX_CHARS,
+        description="text as if it preceded the audio: names, spellings, style",
+    )
+    timestamps: bool = Field(
+        True, description="segment timestamps; without them each 30 s window is one segment"
+    )
+
+    @field_validator("language")
+    @classmethod
+    def _known_language(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value.lower() not in LANGUAGES:
+            raise ValueError(f"language {value!r}: expected an ISO 639-1 code (en, de, fr, ...)")
+        return value.lower()
+
+
+class JobCreate(JobOptions):
+    """A submission: the job's options, plus which model runs it, how urgently, on what input.
+
+    The one place a job's options and their allowed values live; new options go here.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        None, description="a model the server serves (see its configuration); omitted: its default"
+    )
+    priority: Priority = Field(
+        "interactive", description="interactive, or bulk: queued behind interactive work"
+    )
+    input: InputKind | None = Field(
+        None, description="what the file holds; omitted: recognised from its first bytes"
+    )
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, Any]) -> JobCreate:
+        """Validate submitted fields; OptionError names the first one refused, in words."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as e:
+            raise _refusal(e.errors()[0]) from e
+
+    def resolve(self, settings: Settings, kind: InputKind) -> JobCreate:
+        """This job as the server will run it: its model named and served, options that model
+        can honour, its input the `kind` found in the file. Refuses at the door what the worker
+        would only fail later."""
+        model = self.model or settings.default_model
+        if model not in settings.models:
+            available = ", ".join(settings.models)
+            raise OptionError("unknown_model", f"unknown model {model!r}; available: {available}")
+        if settings.english_only(model):
+            multilingual = ", ".join(m for m in settings.models if not settings.english_only(m))
+            instead = f", or choose a multilingual model ({multilingual})" if multilingual else ""
+            if self.task == "translate":
+                raise OptionError(
+                    "invalid_option",
+                    f"model {model!r} is English-only and cannot translate: drop "
+                    f"task=translate{instead}",
+                )
+            if self.language not in (None, "en"):
+                raise OptionError(
+                    "invalid_option",
+                    f"model {model!r} is English-only, but language={self.language}: drop "
+                    f"language (or send en){instead}",
+                )
+        if self.input is not None and self.input != kind:
+            code = "invalid_spectrogram" if self.input == "spectrogram" else "invalid_audio"
+            raise OptionError(code, f"declared input={self.input}, but the file is {kind}")
+        return self.model_copy(update={"model": model, "input": kind})
+
+    @property
+    def options(self) -> JobOptions:
+        """The part stored on the record and passed to the worker."""
+        return JobOptions(**{name: getattr(self, name) for name in JobOptions.model_fields})
+
+
+def _refusal(error: ErrorDetails) -> OptionError:
+    """One of pydantic's errors about a submission as the API says it: the field, the value
+    received, what was expected; unknown fields are `invalid_request`, bad values
+    `invalid_option`."""
+    field = ".".join(str(part) for part in error["loc"])
+    value, ctx = error["input"], error.get("ctx", {})
+    received = repr(value) if len(repr(value)) <= 40 else f"of {len(str(value))} characters"
+    match error["type"]:
+        case "extra_forbidden":
+            known = ", ".join(JobCreate.model_fields)
+            return OptionError("invalid_request", f"unknown option {field!r}; expected {known}")
+        case "value_error":  # our validators' own words, which name the value
+            return OptionError("invalid_option", str(ctx["error"]))
+        case "literal_error":
+            expected = f"expected {ctx['expected']}"
+        case "string_too_long":
+            expected = f"expected at most {ctx['max_length']} characters"
+        case "bool_parsing" | "bool_type":
+            expected = "expected true or false"
+        case _:
+            expected = error["msg"]
+    return OptionError("invalid_option", f"{field} {received}: {expected}")

@@ -1,0 +1,35 @@
+"""A finished job's transcript: what the worker stores, the formatters read and the API declares.
+
+Light on purpose (no torch): the API reads it back from storage to render it. Its fields are in
+the order they are stored, so rendering it as `json` gives back the stored object.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from worker.contract.options import JobOptions
+
+
+class TranscriptSegment(BaseModel):
+    id: int
+    start: float = Field(description="seconds from the start of the audio")
+    end: float = Field(description="seconds from the start of the audio")
+    text: str
+    tokens: list[int] = Field(description="the segment's token ids, as decoded")
+    avg_logprob: float = Field(description="mean log-probability of the window's tokens")
+    compression_ratio: float = Field(description="of the window's text (gzip): high for loops")
+    no_speech_prob: float = Field(description="probability that the window holds no speech")
+    temperature: float = Field(description="the temperature that decoded it (0: greedy)")
+
+
+class TranscriptResult(BaseModel):
+    text: str
+    language: str = Field(description="ISO 639-1 code: the job's, or the one detected")
+    language_probability: float | None = Field(
+        description="the detected language's probability; null when the job gave the language"
+    )
+    duration: float = Field(description="seconds of audio")
+    segments: list[TranscriptSegment]
+    model: str
+    options: JobOptions = Field(description="the job options that produced it")
