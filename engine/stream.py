@@ -73,7 +73,6 @@ class _Input:
     owner: Hashable
     item: Prepared
     options: TranscriptionOptions
-    urgent: bool
     progress: Progress | None
     order: tuple[bool, int]  # admitted in this order: urgent ones first, then by arrival
     request: Request | None = None  # once its source is open (the next step)
@@ -128,7 +127,7 @@ class Stream:
             raise ValueError(f"{owner!r} is already in the stream")
         options = self.check(options or TranscriptionOptions())
         order = (not urgent, next(self._arrivals))
-        self._inputs[owner] = entry = _Input(owner, item, options, urgent, progress, order)
+        self._inputs[owner] = entry = _Input(owner, item, options, progress, order)
         self._new.append(entry)
 
     def abort(self, owner: Hashable) -> bool:

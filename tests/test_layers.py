@@ -1,5 +1,6 @@
 """The seams hold: nothing outside `engine/` uses a name private to it (callers hold the front
-door, `Engine.open(config) -> Stream`), and the worker's light contract imports no torch."""
+door, `Engine.open(config) -> Stream`), the worker's light contract imports no torch, and the
+engine implements every option value the contract offers."""
 
 import ast
 import subprocess
@@ -66,3 +67,24 @@ def test_the_contract_imports_neither_torch_nor_fastapi():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, f"imported: {result.stdout} {result.stderr[-2000:]}"
+
+
+def test_the_engine_implements_the_options_the_contract_offers():
+    """The engine may not import the contract: its modes and tasks are checked here instead."""
+    from engine.loader import random_tokenizer
+    from engine.longform import REQUESTS
+    from worker.contract.options import Mode, Task, values
+
+    assert set(values(Mode)) == set(REQUESTS)
+    assert set(values(Task)) == set(random_tokenizer("tiny").task_ids)
+
+
+def test_the_settings_offer_what_the_engine_config_takes():
+    """The settings (light) and EngineConfig each declare these values; they must agree."""
+    from typing import get_args
+
+    from engine.engine import CrossKV, Kernels
+    from worker.contract.settings import Settings
+
+    for field, alias in (("cross_kv", CrossKV), ("kernels", Kernels)):
+        assert get_args(Settings.model_fields[field].annotation) == get_args(alias)

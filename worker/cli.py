@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from worker.contract.formats import WRITERS
+from worker.contract.options import JobCreate, Mode, OptionError, Task, values
 from worker.contract.settings import get_settings
 from worker.supervisor import Child, Supervisor
 
@@ -129,12 +130,22 @@ def _engine(args: argparse.Namespace, **config: object):
 def _transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine import AudioError, OptionsError, SpectrogramError, TranscriptionOptions
+    from engine import AudioError, OptionsError, SpectrogramError
+    from worker.engines import engine_options, transcript
 
+    fields = {
+        "task": args.task,
+        "language": args.language,
+        "mode": args.mode,
+        "prompt": args.prompt,
+        "timestamps": args.timestamps,
+    }
+    try:  # the values a job may take, checked as the API checks them
+        options = JobCreate.parse({k: v for k, v in fields.items() if v is not None}).options
+    except OptionError as e:
+        print(f"whisperfleet transcribe: {e}", file=sys.stderr)
+        return 2
     stream = _engine(args)
-    options = TranscriptionOptions(
-        task=args.task, language=args.language, mode=args.mode, initial_prompt=args.prompt
-    )
     writer = WRITERS[args.format]
     failed = 0
     for path in args.files:
@@ -145,16 +156,18 @@ def _transcribe(args: argparse.Namespace) -> int:
                 bar.update(round(done - bar.n, 1))
 
             try:
-                [result] = stream.transcribe([Path(path).read_bytes()], options, progress)
+                data = Path(path).read_bytes()
+                [result] = stream.transcribe([data], engine_options(options), progress)
             except (OSError, AudioError, SpectrogramError, OptionsError) as e:
                 print(f"{path}: {e}", file=sys.stderr)
                 failed += 1
                 continue
+        text = writer.render(transcript(result, options))
         if args.output_dir:
             out = Path(args.output_dir) / f"{Path(path).stem}.{writer.extension}"
-            out.write_text(writer.render(result.to_dict()), encoding="utf-8")
+            out.write_text(text, encoding="utf-8")
         else:
-            print(writer.render(result.to_dict()), end="")
+            print(text, end="")
     return 1 if failed else 0
 
 
@@ -233,12 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--model", default=get_settings().default_model)
     p.add_argument("--language", help="ISO 639-1 code; omit to detect (multilingual models)")
-    p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    p.add_argument("--task", choices=values(Task), default=values(Task)[0])
     p.add_argument(
         "--mode",
-        choices=("sequential", "chunked"),
-        default="sequential",
+        choices=values(Mode),
+        default=values(Mode)[0],
         help="long audio: sequential seek (reference) or independent chunks (faster)",
+    )
+    p.add_argument(
+        "--no-timestamps",
+        dest="timestamps",
+        action="store_false",
+        help="no segment timestamps: each 30 s window is one segment",
     )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA if present)")
     p.add_argument("--format", choices=list(WRITERS), default="text")

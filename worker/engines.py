@@ -19,7 +19,8 @@ import torch
 
 from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
 from worker.batching import Batcher, DeviceFaultHandler, EngineFailed, Ticket
-from worker.contract.jobs import JobOptions
+from worker.contract.options import JobOptions
+from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,22 @@ log = logging.getLogger(__name__)
 
 class UnknownModel(ValueError):
     pass
+
+
+def engine_options(options: JobOptions) -> TranscriptionOptions:
+    """A job's options as the engine takes them."""
+    return TranscriptionOptions(
+        task=options.task,
+        language=options.language,
+        mode=options.mode,
+        timestamps=options.timestamps,
+        initial_prompt=options.prompt,
+    )
+
+
+def transcript(transcription: Transcription, options: JobOptions) -> TranscriptResult:
+    """The engine's transcription as the job's result, carrying the job's options."""
+    return TranscriptResult.model_validate({**transcription.to_dict(), "options": options})
 
 
 class Engines:
@@ -116,25 +133,18 @@ class Engines:
         urgent: bool = True,
         on_wait: Callable[[Ticket], None] | None = None,
         wait_s: float = 2.0,
-    ) -> Transcription:
+    ) -> TranscriptResult:
         """Decode `data` on this thread, transcribe it among the other jobs' inputs, and call
         `on_wait` every `wait_s` seconds meanwhile (to record progress)."""
         batcher = self._batcher(name)
         stream = batcher.stream
-        engine_options = stream.check(
-            TranscriptionOptions(
-                task=options.task,
-                language=options.language,
-                mode=options.mode,
-                initial_prompt=options.prompt,
-            )
-        )
+        checked = stream.check(engine_options(options))
         while True:
-            ticket = batcher.submit(stream.prepare(data), engine_options, urgent)
+            ticket = batcher.submit(stream.prepare(data), checked, urgent)
             try:
                 while True:
                     try:
-                        return ticket.future.result(timeout=wait_s)
+                        return transcript(ticket.future.result(timeout=wait_s), options)
                     except FutureTimeout:
                         if on_wait:
                             on_wait(ticket)

@@ -11,7 +11,6 @@ released only after the record moved, and the message is acked after both.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from celery.utils.log import get_task_logger
 from engine import AudioError, OptionsError, SpectrogramError
 from worker.app import app
 from worker.batching import EngineFailed, Ticket
+from worker.contract.formats import WRITERS
 from worker.contract.jobs import (
     TASK_NAME,
     TERMINAL,
@@ -208,7 +208,7 @@ class JobTask(Task):
         except tuple(BAD_INPUT) as e:
             code = next(c for kind, c in BAD_INPUT.items() if isinstance(e, kind))
             raise JobFailed(code, str(e)) from e
-        body = json.dumps(result.to_dict(), ensure_ascii=False).encode()
+        body = WRITERS["json"].render(result).encode()  # the json format is the stored object
         if not self.storage.put_once(record.result_key, body, "application/json"):
             log.info("job %s: a result was stored by an earlier delivery; keeping it", record.id)
         failpoint("after_result")
