@@ -145,8 +145,7 @@ class Batcher:
         stream = self.stream
         tickets = set(stream.owners) | set(ready)
         if isinstance(error, torch.AcceleratorError) and self.on_device_fault:
-            log.critical("engine fault on the GPU: %r", error, exc_info=error)
-            self.on_device_fault(error)
+            self.on_device_fault(error)  # the process decides (worker.lifecycle ends it)
         retry = True
         if isinstance(error, torch.OutOfMemoryError):
             retry = stream.shrink()  # decode fewer windows at once rather than fail the jobs

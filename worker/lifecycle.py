@@ -34,7 +34,7 @@ _stop = threading.Event()
 def exit_on_device_fault(error: BaseException) -> None:
     """End the process at once: nothing more can be trusted to the GPU, not even an answer
     to the jobs in flight (they are taken over when their leases lapse)."""
-    log.critical("engine fault on the GPU, exiting: %r", error)
+    log.critical("engine fault on the GPU, exiting: %r", error, exc_info=error)
     logging.shutdown()
     os._exit(CUDA_FAULT_EXIT)
 
