@@ -32,7 +32,6 @@ from engine.options import TranscriptionOptions
 
 WINDOW_SECONDS = 30.0
 LATENCY_RUNS = 7  # batch 1: the median of this many runs, and their range
-SYSTEMS = ("engine", "fp8", "bf16", "dynamic", "static")
 
 
 @dataclass
