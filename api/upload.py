@@ -171,17 +171,23 @@ async def receive_upload(
     inspector = _Inspector(max_frames)
     current: str | None = None
     value = bytearray()
-    seen_file = False
+    seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused
     try:
         async for chunk in request.stream():
             parser.write(chunk)
             for kind, data in parts.events:
                 if kind == "begin":
                     (current, filename), value = data, bytearray()
+                    if current in seen:
+                        raise ApiError(
+                            422,
+                            "invalid_request",
+                            f"form field {current!r} was sent twice; send each field once "
+                            "(one `file` per job)",
+                        )
+                    seen.add(current)
                     if current == "file":
-                        if seen_file:
-                            raise ApiError(422, "invalid_request", "send one `file` per job")
-                        seen_file, upload.filename = True, filename
+                        upload.filename = filename
                     elif current not in FORM_FIELDS:
                         known = ", ".join(sorted(FORM_FIELDS | {"file"}))
                         raise ApiError(
@@ -209,7 +215,7 @@ async def receive_upload(
                         upload.fields[current] = text
             parts.events.clear()
         parser.finalize()
-        if not seen_file:
+        if "file" not in seen:
             raise ApiError(
                 422, "invalid_request", "no `file` part: send the audio as form field `file`"
             )

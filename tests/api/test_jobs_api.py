@@ -268,6 +268,25 @@ def test_empty_fields_count_as_omitted(client, clips):
     assert job["model"] == "tiny.en" and job["options"]["task"] == "transcribe"
 
 
+@pytest.mark.parametrize(
+    "files, data, field",
+    [
+        ([("file", ("a.flac", None)), ("file", ("b.flac", None))], {}, "file"),
+        ([("file", ("a.flac", None))], {"language": ["en", "de"]}, "language"),
+    ],
+)
+def test_a_field_sent_twice_is_refused_and_nothing_kept(
+    client, settings, clips, files, data, field
+):
+    """Which of two values would count is a guess: neither does."""
+    files = [(name, (fn, body or clips["en_jfk"].bytes)) for name, (fn, body) in files]
+    response = client.post("/v1/jobs", files=files, data=data)
+    assert_error(response, 422, "invalid_request", f"form field '{field}' was sent twice")
+    assert not queued_messages(settings)
+    listing = Storage(settings).client.list_objects_v2(Bucket=settings.s3_bucket)
+    assert listing.get("KeyCount", 0) == 0
+
+
 def test_missing_file_and_wrong_content_type(client):
     assert_error(client.post("/v1/jobs", data={"model": "tiny.en"}), 422, "invalid_request", "file")
     assert_error(client.post("/v1/jobs", json={"file": "x"}), 422, "invalid_request", "multipart")
