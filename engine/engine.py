@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -75,6 +75,12 @@ class EngineConfig:
 
     max_spectrogram_frames: int = MAX_SPECTROGRAM_FRAMES  # longest spectrogram input
     rules: DecodingRules = field(default_factory=DecodingRules)
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("dtype", Dtype), ("cross_kv", CrossKV), ("kernels", Kernels)):
+            if getattr(self, name) not in get_args(allowed):
+                expected = ", ".join(get_args(allowed))
+                raise ValueError(f"{name} {getattr(self, name)!r}: expected one of {expected}")
 
 
 class Engine:

@@ -216,3 +216,11 @@ def test_options_the_stream_has_no_room_for_are_refused_before_work(clips):
     ]:
         with pytest.raises(OptionsError, match=words):
             narrow.transcribe([clips["en_jfk"].bytes], options)
+
+
+def test_an_engine_config_refuses_values_it_does_not_know():
+    from engine import EngineConfig
+
+    for field, value in (("dtype", "fp64"), ("cross_kv", "int4"), ("kernels", "cuda")):
+        with pytest.raises(ValueError, match=f"{field} '{value}': expected one of"):
+            EngineConfig(**{field: value})
