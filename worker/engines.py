@@ -49,8 +49,14 @@ def transcript(transcription: Transcription, options: JobOptions) -> TranscriptR
 class Engines:
     """Each model's stream and the batcher that runs it, shared by the job threads."""
 
-    def __init__(self, settings: Settings, on_device_fault: DeviceFaultHandler | None = None):
-        self.settings, self.on_device_fault = settings, on_device_fault
+    def __init__(
+        self,
+        settings: Settings,
+        on_device_fault: DeviceFaultHandler | None = None,
+        slots: int | None = None,
+    ):
+        """slots: each model's pool of decoding slots (default: as the settings size it)."""
+        self.settings, self.on_device_fault, self.slots = settings, on_device_fault, slots
         self._loaded: OrderedDict[str, Batcher] = OrderedDict()
         self._loading: dict[str, Future[Batcher]] = {}
         self._lock = threading.Lock()  # the two maps above, never held while a model loads
@@ -63,6 +69,7 @@ class Engines:
             name=name,
             device=s.device,
             cache_dir=s.cache_dir,
+            slots=self.slots,
             slot_memory_bytes=s.slot_memory_bytes,
             cross_kv=s.cross_kv,
             kernels=s.kernels,

@@ -5,10 +5,11 @@ A lease is a Redis key `whisperfleet:lease:<job id>` holding the worker's id, se
 absent and expiring `ttl_s` after its last renewal. A delivery of a job that someone holds is
 dropped: the holder finishes it, or dies and lets the lease lapse. Every worker runs a
 reconciler; one at a time (a lock in Redis) it looks at the active jobs not looked at lately:
-a running job without a lease lost its worker and is queued again; a queued job whose message
-is gone (see `JobStore`) gets a new one; a job started `max_attempts` times is failed as
-poison. So a dead worker's jobs are taken over within `ttl_s` + the reconcile interval, not
-after Redis's visibility timeout.
+a job whose result is stored ends `succeeded`; a job older than its age limit ends `expired`;
+a running job without a lease lost its worker and is queued again, for the quarantine lane
+(`worker.quarantine`); a queued job whose message is gone (see `JobStore`) gets a new one. So
+a dead worker's jobs are taken over within `ttl_s` + the reconcile interval, not after
+Redis's visibility timeout.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import redis
+from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.contract.jobs import (
     QUEUES,
@@ -29,6 +32,7 @@ from worker.contract.jobs import (
     JobRecord,
     JobStatus,
     JobStore,
+    Progress,
     TransitionError,
 )
 
@@ -95,12 +99,22 @@ class Leases:
 
 
 def poison(record: JobRecord, max_attempts: int) -> JobError | None:
-    """The poison rule, for the task and the reconciler alike: a job started `max_attempts`
-    times without finishing keeps killing its workers; fail it rather than start it again."""
-    if record.attempts < max_attempts:
+    """A job whose process in the quarantine lane, where it ran alone, died `max_attempts`
+    times kills its workers by itself: fail it rather than run it again."""
+    if record.quarantine_deaths < max_attempts:
         return None
-    reason = f"the job was started {record.attempts} times without finishing"
+    reason = f"the job killed its process {record.quarantine_deaths} times, running alone"
     return JobError(code="poison", message=reason)
+
+
+def expired(record: JobRecord, max_age_s: float) -> JobError | None:
+    """A job that could not finish within `max_age_s` of its acceptance, for whatever reason
+    (storage or Redis away for long, no worker to take it), ends rather than waits on."""
+    age = (datetime.now(UTC) - record.created_at).total_seconds()
+    if age <= max_age_s:
+        return None
+    reason = f"the job did not finish within {max_age_s:.0f} s of its submission"
+    return JobError(code="expired", message=reason)
 
 
 def _job_id(raw: bytes) -> str | None:
@@ -119,15 +133,17 @@ class Reconciler:
         store: JobStore,
         leases: Leases,
         send: Callable[[JobRecord], None],
+        stored: Callable[[JobRecord], float | None],
         stale_after_s: float,
-        max_attempts: int,
+        max_age_s: float,
     ):
-        self.store, self.leases, self.send = store, leases, send
-        self.stale_after_s, self.max_attempts = stale_after_s, max_attempts
+        """stored: the duration of a job's stored result, None if there is none."""
+        self.store, self.leases, self.send, self.stored = store, leases, send, stored
+        self.stale_after_s, self.max_age_s = stale_after_s, max_age_s
 
     def run_once(self) -> dict[str, int]:
         """Look at the active jobs not looked at for `stale_after_s`; counts of what was done."""
-        done = {"requeued": 0, "resent": 0, "poison": 0}
+        done = {"requeued": 0, "resent": 0, "succeeded": 0, "expired": 0}
         waiting: set[str] | None = None  # read once, when first needed
         for job_id in self.store.stale(self.stale_after_s):
             record = self.store.get(job_id)
@@ -144,29 +160,41 @@ class Reconciler:
                     self.store.touch(job_id)  # its message waits in a queue
                     continue
             try:
-                error = poison(record, self.max_attempts)
-                if record.status is JobStatus.running and error:
-                    self.store.transition(job_id, JobStatus.failed, error=error)
-                    log.warning("job %s failed as poison: %s", job_id, error.message)
-                    done["poison"] += 1
-                    continue
-                if record.status is JobStatus.running:
-                    # its worker died (or stalled) without finishing: queue it again
-                    record = self.store.transition(job_id, JobStatus.queued)
-                    done["requeued"] += 1
-                else:
-                    self.store.touch(job_id)
-                    done["resent"] += 1
+                outcome = self._take_over(record)
             except TransitionError:
                 continue  # it moved meanwhile: its mover has it
-            log.warning(
-                "job %s (%s on %s) has no live worker: sent again",
-                job_id,
-                record.status,
-                record.worker,
-            )
-            self.send(record)
+            except (BotoCoreError, ClientError) as e:  # storage away: next time
+                log.warning(
+                    "reconciler: job %s left for later: storage unavailable (%s)", job_id, e
+                )
+                continue
+            done[outcome] += 1
         return done
+
+    def _take_over(self, record: JobRecord) -> str:
+        """A job nobody runs and no message waits for: end it, or send it again."""
+        job_id = record.id
+        if record.attempts and (duration := self.stored(record)) is not None:
+            progress = Progress(done_s=duration, total_s=duration)
+            self.store.transition(job_id, JobStatus.succeeded, progress=progress, error=None)
+            log.warning("job %s: its result was stored; succeeded", job_id)
+            return "succeeded"
+        if error := expired(record, self.max_age_s):
+            self.store.transition(job_id, JobStatus.failed, error=error)
+            log.warning("job %s expired: %s", job_id, error.message)
+            return "expired"
+        if record.status is JobStatus.running:
+            # its worker died (or stalled) under it: it runs again, alone
+            record = self.store.transition(job_id, JobStatus.queued, quarantined=True)
+            outcome = "requeued"
+        else:
+            self.store.touch(job_id)
+            outcome = "resent"
+        log.warning(
+            "job %s (%s on %s) has no live worker: sent again", job_id, record.status, record.worker
+        )
+        self.send(record)
+        return outcome
 
     def _waiting(self) -> set[str] | None:
         """The jobs whose message is in a queue, read from the queues themselves; None when

@@ -5,7 +5,8 @@ as `whisperfleet worker`:
 - log lines that name their job (`WHISPERFLEET_LOG_FORMAT`);
 - the default model loaded (and converted, the first time) before any message is taken;
 - the heartbeat that renews the lease of every job the process runs;
-- the reconciler that takes over the jobs of workers that died;
+- the reconciler that takes over the jobs of workers that died (and ends those whose result is
+  stored or whose age ran out);
 - Prometheus metrics on `WHISPERFLEET_METRICS_PORT`;
 - a fault of the GPU itself ends the process (exit 70): its CUDA context cannot be trusted,
   a supervisor starts a new one, and the jobs in flight are taken over by lease.
@@ -21,7 +22,9 @@ from celery.signals import setup_logging, worker_init, worker_shutdown
 
 from worker import logs, metrics
 from worker.contract.dispatch import dispatch
+from worker.contract.jobs import JobRecord
 from worker.contract.settings import get_settings
+from worker.execute import stored_result
 from worker.leases import Reconciler
 from worker.tasks import app, transcribe
 
@@ -51,12 +54,17 @@ def _start(**_: object) -> None:
     logs.configure(settings.log_format)  # Celery sets its logging up only after this signal
     transcribe.engines.on_device_fault = exit_on_device_fault
     transcribe.engines.get(settings.default_model)
+    def stored(record: JobRecord) -> float | None:
+        result = stored_result(transcribe.storage, record)
+        return None if result is None else result.duration
+
     reconciler = Reconciler(
         transcribe.store,
         transcribe.leases,
         lambda record: dispatch(app, transcribe.store, record),
+        stored,
         settings.stale_after_s,
-        settings.max_attempts,
+        settings.max_job_age_s,
     )
     metrics.serve(settings.metrics_port, transcribe.store, transcribe.leases.held)
     threading.Thread(

@@ -198,6 +198,16 @@ class Fleet:
             f"(job, status, attempts, sent mark, lease) of the others: {stuck}"
         )
 
+    def wait_until_running_on(self, job_id: str, pid: int, timeout: float) -> None:
+        """Until the job has started on the worker process `pid` (in either of its lanes)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = self.store.get(job_id)
+            if record.status == "running" and (record.worker or "").endswith(f":{pid}"):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"job {job_id} did not start on worker {pid} within {timeout} s")
+
     def wait_all(self, ids: list[str], timeout: float = 240) -> None:
         self.wait_until(ids, set(TERMINAL), len(ids), timeout)
 

@@ -75,8 +75,8 @@ def test_kill_9_after_the_result_is_written_leaves_one_result(fleet, inputs, poi
     fleet.wait_all(ids)
     tally = fleet.tally(ids)
     assert (tally.succeeded, tally.duplicates, tally.lost) == (8, 0, 0)
-    if point == "after_result":  # its job ran again, and the second write was refused
-        assert "a result was stored by an earlier delivery; keeping it" in fleet.logs()
+    if point == "after_result":  # its job was taken over, and its stored result kept
+        assert "result was stored" in fleet.logs()
 
 
 def test_one_message_delivered_twice_to_two_workers_runs_once(fleet, inputs):
@@ -222,25 +222,58 @@ def test_one_worker_per_gpu_and_a_dead_one_is_started_again(fleet, inputs):
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in first[1:])
 
 
-def test_a_job_that_kills_its_worker_every_time_is_failed_as_poison(
+def test_a_job_that_kills_its_process_every_time_is_failed_as_poison(
     tmp_path, storage_server, inputs
 ):
-    """Every start of the job kills the worker (failpoint `after_start`); its supervisor
-    starts a new one, which takes the job over when the lease lapses, until the job has been
-    started MAX_ATTEMPTS times."""
+    """Every start of the job kills the process that runs it (failpoint `after_start`). The
+    first kills its worker, whose supervisor starts a new one: an unexplained death, which
+    sends the job to the quarantine lane. There it runs alone, in a process of its own, and
+    kills it each time: after MAX_ATTEMPTS such deaths it is poison, and the worker itself
+    was not killed again."""
     fleet = make_fleet(tmp_path, storage_server, MAX_ATTEMPTS=3)
     try:
         [job] = submit_many(fleet, inputs, 1)
         fleet.start_worker("after_start", "--gpus", "0")
-        fleet.wait_all([job], timeout=180)
+        fleet.wait_all([job], timeout=240)
         tally = fleet.tally([job])
         assert (tally.failed, tally.lost) == (1, 0)
         record = fleet.store.get(job)
-        assert record.error.code == "poison" and record.attempts == 3
-        assert fleet.logs().count("restarting it") == 3  # each start killed a worker
+        assert record.error.code == "poison" and record.quarantined
+        assert record.quarantine_deaths == 3 and record.attempts == 4
+        assert fleet.logs().count("restarting it") == 1
     finally:
         fleet.close()
         fleet.redis_server.close()
+
+
+def test_a_good_job_whose_workers_are_killed_under_it_is_not_failed(
+    tmp_path, storage_server, clips
+):
+    """Its worker is `kill -9`ed under it three times, once in the main lane and twice while
+    it runs in quarantine, more often than MAX_ATTEMPTS: those deaths say nothing about the
+    job, which then succeeds. Each killed worker's quarantine process goes with it."""
+    fleet = make_fleet(tmp_path, storage_server, MAX_ATTEMPTS=2)
+    try:
+        [job] = [fleet.submit(long_speech(clips["en_jfk"].bytes, 6))]  # 66 s of speech
+        for _ in range(3):
+            worker = fleet.start_worker()
+            fleet.wait_until_running_on(job, worker.pid, timeout=180)
+            time.sleep(0.5)
+            children = psutil.Process(worker.pid).children(recursive=True)
+            worker.kill()
+            worker.wait()
+            gone, alive = psutil.wait_procs(children, timeout=10)
+            assert not alive, [p.cmdline() for p in alive]
+        fleet.start_worker()
+        fleet.wait_all([job], timeout=240)
+        tally = fleet.tally([job])
+        assert (tally.succeeded, tally.duplicates, tally.lost) == (1, 0, 0)
+        record = fleet.store.get(job)
+        assert record.quarantined and record.quarantine_deaths == 0 and record.attempts == 4
+    finally:
+        fleet.close()
+        fleet.redis_server.close()
+        print(fleet.logs()[-15000:])
 
 
 def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_jobs(

@@ -81,7 +81,11 @@ class JobRecord(BaseModel):
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    attempts: int = 0
+    attempts: int = 0  # starts
+    # A start that never ended (its worker died under it, for whatever reason) sends the job
+    # to the quarantine lane, where it runs alone; deaths there are evidence against the job.
+    quarantined: bool = False
+    quarantine_deaths: int = 0
     worker: str | None = None  # the worker that ran (or runs) the latest attempt
     progress: Progress = Field(default_factory=Progress)
     error: JobError | None = None
@@ -200,6 +204,14 @@ class JobStore:
             elif to in TERMINAL:
                 changes.update(finished_at=now)
             return record.model_copy(update={"status": to, **changes})
+
+        return self._update(job_id, change)
+
+    def count_quarantine_death(self, job_id: str) -> JobRecord:
+        """The job's process in the quarantine lane died running it."""
+
+        def change(record: JobRecord) -> JobRecord:
+            return record.model_copy(update={"quarantine_deaths": record.quarantine_deaths + 1})
 
         return self._update(job_id, change)
 

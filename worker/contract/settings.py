@@ -61,7 +61,12 @@ class Settings(BaseSettings):
     worker_concurrency: int = 32
     batch_size: int | None = None
     batch_max_wait_ms: float = 10.0
-    max_attempts: int = 5  # starts of one job before it is failed as poison
+    # A job whose worker died under it runs again alone, in the quarantine lane; it is failed as
+    # poison when its process there died max_attempts times. A job that cannot finish for
+    # any other reason (storage or Redis away for long, a worker that never comes) ends
+    # max_job_age_s after it was accepted, as expired.
+    max_attempts: int = 5
+    max_job_age_s: float = 24 * 3600
     # A running job's lease lapses lease_s after its worker's last heartbeat (every
     # lease_s / 3); every reconcile_every_s one worker re-enqueues jobs whose lease lapsed
     # and jobs queued for stale_after_s whose message is gone. Redis redelivers an unacked

@@ -1,0 +1,124 @@
+"""The quarantine lane: a job whose worker died under it runs again alone, in a process of its
+own, so that a death there is evidence against the job.
+
+A worker killed under a batch (by an operator, the OOM killer, a GPU fault, another job)
+cannot say which job killed it, and counting starts would fail good jobs whose workers died
+around them. So a start that never ended sends a job here. Each worker process keeps one
+quarantine process, spawned on first use (forking after CUDA is initialised breaks CUDA),
+which runs quarantined jobs one at a time through an engine of one slot. If it dies running a
+job, that job killed it: the task counts the death (`JobRecord.quarantine_deaths`) and fails
+the job as poison at `MAX_ATTEMPTS`. If the worker itself dies, its quarantine process ends
+too (it watches its parent) and nothing is counted: that death is unexplained again.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import redis
+
+from worker.contract.jobs import JobRecord, JobStore
+from worker.contract.settings import Settings, get_settings
+from worker.execute import TRANSIENT, JobFailed, Stored, execute
+
+log = logging.getLogger(__name__)
+
+
+class Died(RuntimeError):
+    """The quarantine process died running the job."""
+
+
+class Unavailable(RuntimeError):
+    """The quarantine process could not run the job now (storage, Redis or the engine away)."""
+
+
+class Quarantine:
+    """The worker process's side of its quarantine process."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._lock = threading.Lock()  # one job at a time: alone is the point
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(
+            target=serve, args=(theirs, os.getpid()), name="quarantine", daemon=True
+        )
+        self._process.start()
+        theirs.close()
+
+    def run(self, record: JobRecord) -> Stored:
+        """Run the job alone. Raises JobFailed (it cannot succeed), Unavailable (try again
+        later) or Died (the process died running it)."""
+        with self._lock:
+            if self._process is None or not self._process.is_alive():
+                self._start()
+            self._conn.send(record.id)
+            while not self._conn.poll(0.5):
+                if not self._process.is_alive():
+                    break
+            try:
+                outcome = self._conn.recv()
+            except (EOFError, OSError):
+                code = self._process.exitcode
+                self._process = None
+                raise Died(f"the quarantine process died (exit {code})") from None
+        match outcome:
+            case ("stored", duration):
+                return Stored(duration=duration)
+            case ("failed", code, message):
+                raise JobFailed(code, message)
+            case ("unavailable", message):
+                raise Unavailable(message)
+        raise RuntimeError(f"unexpected answer from the quarantine process: {outcome!r}")
+
+
+def _watch(parent: int) -> None:
+    """End this process when the worker that started it is gone (killed: no one else will)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+def serve(conn: Connection, parent: int) -> None:
+    """The quarantine process: run the jobs the worker sends, one at a time, with one slot."""
+    from worker import logs
+    from worker.engines import Engines
+    from worker.lifecycle import exit_on_device_fault
+    from worker.logs import current_job
+    from worker.storage import Storage
+
+    threading.Thread(target=_watch, args=(parent,), daemon=True).start()
+    settings = get_settings()
+    logs.configure(settings.log_format)
+    store = JobStore(redis.Redis.from_url(settings.redis_url))
+    storage = Storage(settings)
+    engines = Engines(settings, on_device_fault=exit_on_device_fault, slots=1)
+    while True:
+        try:
+            job_id = conn.recv()
+        except EOFError:
+            return
+        current_job.set(job_id)
+        try:
+            record = store.get(job_id)
+            if record is None:
+                raise JobFailed("not_found", "the job's record is gone")
+            stored = execute(record, store, storage, engines)
+            conn.send(("stored", stored.duration))
+        except JobFailed as e:
+            conn.send(("failed", *e.args))
+        except TRANSIENT as e:
+            log.warning("job %s: transient error in quarantine: %s", job_id, e)
+            conn.send(("unavailable", f"{type(e).__name__}"))
+        except Exception:  # a bug, not the input's fault
+            log.exception("job %s: unexpected error in quarantine", job_id)
+            conn.send(("failed", "internal", "the worker failed on this job"))
