@@ -54,6 +54,7 @@ def _start(**_: object) -> None:
     logs.configure(settings.log_format)  # Celery sets its logging up only after this signal
     transcribe.engines.on_device_fault = exit_on_device_fault
     transcribe.engines.get(settings.default_model)
+
     def stored(record: JobRecord) -> float | None:
         result = stored_result(transcribe.storage, record)
         return None if result is None else result.duration
