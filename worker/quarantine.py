@@ -61,7 +61,11 @@ class Quarantine:
         with self._lock:
             if self._process is None or not self._process.is_alive():
                 self._start()
-            self._conn.send(record.id)
+            try:
+                self._conn.send(record.id)
+            except OSError:  # it died idle, after the look above: a new one takes the job
+                self._start()
+                self._conn.send(record.id)
             while not self._conn.poll(0.5):
                 if not self._process.is_alive():
                     break
@@ -93,7 +97,6 @@ def serve(conn: Connection, parent: int) -> None:
     from worker import logs
     from worker.engines import Engines
     from worker.lifecycle import exit_on_device_fault
-    from worker.logs import current_job
     from worker.storage import Storage
 
     threading.Thread(target=_watch, args=(parent,), daemon=True).start()
@@ -105,20 +108,26 @@ def serve(conn: Connection, parent: int) -> None:
     while True:
         try:
             job_id = conn.recv()
-        except EOFError:
+            conn.send(_run(job_id, store, storage, engines))
+        except (EOFError, OSError):  # the worker is gone: so is this process's purpose
             return
-        current_job.set(job_id)
-        try:
-            record = store.get(job_id)
-            if record is None:
-                raise JobFailed("not_found", "the job's record is gone")
-            stored = execute(record, store, storage, engines)
-            conn.send(("stored", stored.duration))
-        except JobFailed as e:
-            conn.send(("failed", *e.args))
-        except TRANSIENT as e:
-            log.warning("job %s: transient error in quarantine: %s", job_id, e)
-            conn.send(("unavailable", f"{type(e).__name__}"))
-        except Exception:  # a bug, not the input's fault
-            log.exception("job %s: unexpected error in quarantine", job_id)
-            conn.send(("failed", "internal", "the worker failed on this job"))
+
+
+def _run(job_id: str, store: JobStore, storage, engines) -> tuple:
+    """One job, alone: its outcome as the worker reads it."""
+    from worker.logs import current_job
+
+    current_job.set(job_id)
+    try:
+        record = store.get(job_id)
+        if record is None:
+            raise JobFailed("not_found", "the job's record is gone")
+        return ("stored", execute(record, store, storage, engines).duration)
+    except JobFailed as e:
+        return ("failed", *e.args)
+    except TRANSIENT as e:
+        log.warning("job %s: transient error in quarantine: %s", job_id, e)
+        return ("unavailable", f"{type(e).__name__}")
+    except Exception:  # a bug, not the input's fault
+        log.exception("job %s: unexpected error in quarantine", job_id)
+        return ("failed", "internal", "the worker failed on this job")

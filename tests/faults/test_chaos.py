@@ -1,0 +1,29 @@
+"""The fleet under chaos, short form (the full run is `scripts/chaos.py`, recorded in
+docs/reliability.md): jobs through the REST API from several clients while workers are
+`kill -9`ed, Redis is `kill -9`ed and restarted, and storage is frozen 20 s."""
+
+import pytest
+
+from tests.faults import chaos
+from tests.faults.fleet import Fleet, RedisServer, StorageServer
+
+pytestmark = pytest.mark.slow
+
+
+def test_under_chaos_every_good_job_succeeds_once_with_the_calm_text(tmp_path, clips, tiny_en):
+    plan = chaos.cases(clips, 60)
+    calm = chaos.calm_texts(tiny_en, plan)
+    storage = StorageServer()
+    redis_server = RedisServer(tmp_path, fsync="always")
+    redis_server.start()
+    fleet = Fleet(tmp_path, redis_server, storage)
+    try:
+        report = chaos.run(fleet, storage, plan, calm, timeout_s=600)
+        print(report)
+        assert report.problems() == {}
+        assert report.events  # the chaos happened: kills, the Redis restart, the freeze
+    finally:
+        fleet.close()
+        redis_server.close()
+        storage.close()
+        print(fleet.logs()[-20000:])
