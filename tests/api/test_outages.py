@@ -1,0 +1,87 @@
+"""Redis or storage out of reach: every route answers 503 `unavailable` in JSON with
+`Retry-After`, and nothing is left in storage; anything unforeseen is a JSON 500 `internal`."""
+
+import logging
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from tests.api.test_jobs_api import assert_error, submit
+from tests.conftest import free_port
+from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, new_job_id
+from worker.storage import Storage
+
+
+def assert_unavailable(response, what: str) -> None:
+    assert_error(response, 503, "unavailable", what, "try again")
+    assert response.headers["Retry-After"] == "5"
+    assert "127.0.0.1" not in response.text and "Error" not in response.text
+
+
+def succeeded_job(settings) -> JobRecord:
+    """A succeeded job's record in the real Redis (its result is not stored)."""
+    record = JobRecord(
+        id=new_job_id(), model="tiny.en", input=JobInput(kind="audio", bytes=1, format="flac")
+    )
+    store = JobStore(redis.Redis.from_url(settings.redis_url))
+    store.create(record)
+    return store.transition(record.id, JobStatus.succeeded)
+
+
+@pytest.fixture
+def no_redis(settings):
+    """The settings with Redis on a port where nothing listens."""
+    return settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+
+
+@pytest.fixture
+def no_storage(settings):
+    """The settings with storage on a port where nothing listens."""
+    return settings.model_copy(update={"s3_endpoint_url": f"http://127.0.0.1:{free_port()}"})
+
+
+@pytest.mark.parametrize(
+    "method, path", [("get", "/v1/jobs/{id}"), ("get", "/v1/jobs/{id}/result")]
+)
+def test_reads_without_redis_are_unavailable(no_redis, method, path):
+    with TestClient(create_app(no_redis)) as c:
+        response = c.request(method, path.format(id=new_job_id()))
+    assert_unavailable(response, "the job store")
+
+
+def test_a_submission_without_storage_is_unavailable(no_storage, clips):
+    with TestClient(create_app(no_storage)) as c:
+        assert_unavailable(submit(c, clips["en_jfk"].bytes), "object storage")
+
+
+def test_a_result_without_storage_is_unavailable(no_storage):
+    job = succeeded_job(no_storage)
+    with TestClient(create_app(no_storage)) as c:
+        assert_unavailable(c.get(f"/v1/jobs/{job.id}/result"), "object storage")
+
+
+def test_readiness_says_which_dependency_is_away_and_no_more(no_redis, no_storage):
+    broken = no_redis.model_copy(update={"s3_endpoint_url": no_storage.s3_endpoint_url})
+    with TestClient(create_app(broken)) as c:
+        response = c.get("/readyz")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "checks": {"redis": "unavailable", "storage": "unavailable"},
+    }
+
+
+def test_an_unforeseen_failure_is_a_logged_json_500(settings, caplog):
+    """A stored result that does not parse (written by hand, or a bug): `internal`, with the
+    traceback in the log and none of it in the answer."""
+    job = succeeded_job(settings)
+    with TestClient(create_app(settings)) as c, caplog.at_level(logging.ERROR, "api.errors"):
+        Storage(settings).put_once(job.result_key, b'{"text": 1}', "application/json")
+        response = c.get(f"/v1/jobs/{job.id}/result")
+    assert_error(response, 500, "internal", "the failure is logged")
+    assert "ValidationError" not in response.text and "'text'" not in response.text
+    (entry,) = [r for r in caplog.records if r.name == "api.errors"]
+    assert f"GET /v1/jobs/{job.id}/result failed" in entry.getMessage()
+    assert entry.exc_info[0].__name__ == "ValidationError"
