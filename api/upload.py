@@ -151,8 +151,8 @@ async def receive_upload(
 ) -> Upload:
     """Parse the multipart body: the `file` part goes to `writer`, small fields are returned.
 
-    Raises ApiError (413 too_large, 422 invalid_audio / invalid_spectrogram / invalid_request)
-    and aborts the storage upload on any failure.
+    Raises ApiError (413 too_large, 422 invalid_audio / invalid_spectrogram / invalid_request);
+    on any failure the caller undoes what `writer` stored (`ObjectWriter.abort`).
     """
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:
@@ -172,59 +172,55 @@ async def receive_upload(
     current: str | None = None
     value = bytearray()
     seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused
-    try:
-        async for chunk in request.stream():
-            parser.write(chunk)
-            for kind, data in parts.events:
-                if kind == "begin":
-                    (current, filename), value = data, bytearray()
-                    if current in seen:
-                        raise ApiError(
-                            422,
-                            "invalid_request",
-                            f"form field {current!r} was sent twice; send each field once "
-                            "(one `file` per job)",
-                        )
-                    seen.add(current)
-                    if current == "file":
-                        upload.filename = filename
-                    elif current not in FORM_FIELDS:
-                        known = ", ".join(sorted(FORM_FIELDS | {"file"}))
-                        raise ApiError(
-                            422,
-                            "invalid_request",
-                            f"unknown form field {current!r}; expected {known}",
-                        )
-                elif kind == "data" and current == "file":
-                    if inspector.size + len(data) > max_bytes:
-                        raise ApiError(
-                            413, "too_large", f"the file is over the limit of {max_bytes} bytes"
-                        )
-                    inspector.feed(data)
-                    await run_in_threadpool(writer.write, data)
-                elif kind == "data":
-                    value += data
-                    if len(value) > MAX_FIELD_BYTES:
-                        raise ApiError(
-                            422,
-                            "invalid_request",
-                            f"form field {current!r} is over {MAX_FIELD_BYTES} bytes",
-                        )
-                elif kind == "end" and current != "file" and current is not None:
-                    if text := value.decode("utf-8", "replace").strip():  # empty: omitted
-                        upload.fields[current] = text
-            parts.events.clear()
-        parser.finalize()
-        if "file" not in seen:
-            raise ApiError(
-                422, "invalid_request", "no `file` part: send the audio as form field `file`"
-            )
-        upload.sniffed, upload.size = inspector.finish(), inspector.size
-        upload.frames = inspector.npy.frames if inspector.npy else None
-        await run_in_threadpool(writer.close)
-    except BaseException:
-        await run_in_threadpool(writer.abort)
-        raise
+    async for chunk in request.stream():
+        parser.write(chunk)
+        for kind, data in parts.events:
+            if kind == "begin":
+                (current, filename), value = data, bytearray()
+                if current in seen:
+                    raise ApiError(
+                        422,
+                        "invalid_request",
+                        f"form field {current!r} was sent twice; send each field once "
+                        "(one `file` per job)",
+                    )
+                seen.add(current)
+                if current == "file":
+                    upload.filename = filename
+                elif current not in FORM_FIELDS:
+                    known = ", ".join(sorted(FORM_FIELDS | {"file"}))
+                    raise ApiError(
+                        422,
+                        "invalid_request",
+                        f"unknown form field {current!r}; expected {known}",
+                    )
+            elif kind == "data" and current == "file":
+                if inspector.size + len(data) > max_bytes:
+                    raise ApiError(
+                        413, "too_large", f"the file is over the limit of {max_bytes} bytes"
+                    )
+                inspector.feed(data)
+                await run_in_threadpool(writer.write, data)
+            elif kind == "data":
+                value += data
+                if len(value) > MAX_FIELD_BYTES:
+                    raise ApiError(
+                        422,
+                        "invalid_request",
+                        f"form field {current!r} is over {MAX_FIELD_BYTES} bytes",
+                    )
+            elif kind == "end" and current != "file" and current is not None:
+                if text := value.decode("utf-8", "replace").strip():  # empty: omitted
+                    upload.fields[current] = text
+        parts.events.clear()
+    parser.finalize()
+    if "file" not in seen:
+        raise ApiError(
+            422, "invalid_request", "no `file` part: send the audio as form field `file`"
+        )
+    upload.sniffed, upload.size = inspector.finish(), inspector.size
+    upload.frames = inspector.npy.frames if inspector.npy else None
+    await run_in_threadpool(writer.close)
     return upload
 
 

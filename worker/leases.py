@@ -121,9 +121,11 @@ class Reconciler:
         send: Callable[[JobRecord], None],
         stale_after_s: float,
         max_attempts: int,
+        sweep: Callable[[], None] = lambda: None,  # a turn of worker.orphans.OrphanSweeper
     ):
         self.store, self.leases, self.send = store, leases, send
         self.stale_after_s, self.max_attempts = stale_after_s, max_attempts
+        self.sweep = sweep
 
     def run_once(self) -> dict[str, int]:
         """Look at the active jobs not looked at for `stale_after_s`; counts of what was done."""
@@ -190,5 +192,6 @@ class Reconciler:
                     counts = self.run_once()
                     if any(counts.values()):
                         log.info("reconciler: %s", counts)
+                    self.sweep()
             except redis.RedisError as e:
                 log.warning("reconciler: Redis unavailable (%s); trying again", e)

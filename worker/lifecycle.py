@@ -5,7 +5,8 @@ as `whisperfleet worker`:
 - log lines that name their job (`WHISPERFLEET_LOG_FORMAT`);
 - the default model loaded (and converted, the first time) before any message is taken;
 - the heartbeat that renews the lease of every job the process runs;
-- the reconciler that takes over the jobs of workers that died;
+- the reconciler that takes over the jobs of workers that died, and deletes job inputs no
+  record claims (`worker.orphans`);
 - Prometheus metrics on `WHISPERFLEET_METRICS_PORT`;
 - a fault of the GPU itself ends the process (exit 70): its CUDA context cannot be trusted,
   a supervisor starts a new one, and the jobs in flight are taken over by lease.
@@ -23,6 +24,7 @@ from worker import logs, metrics
 from worker.contract.dispatch import dispatch
 from worker.contract.settings import get_settings
 from worker.leases import Reconciler
+from worker.orphans import OrphanSweeper
 from worker.tasks import app, transcribe
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ def _start(**_: object) -> None:
         lambda record: dispatch(app, transcribe.store, record),
         settings.stale_after_s,
         settings.max_attempts,
+        OrphanSweeper(transcribe.storage, transcribe.store, settings.orphan_sweep_s),
     )
     metrics.serve(settings.metrics_port, transcribe.store, transcribe.leases.held)
     threading.Thread(

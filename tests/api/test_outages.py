@@ -8,9 +8,13 @@ import redis
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from tests.api.test_jobs_api import assert_error, submit
+from tests.api import wire
+from tests.api.test_jobs_api import assert_error, queued_messages, submit
 from tests.conftest import free_port
+from tests.faults.fleet import RedisServer, StorageServer
+from worker.app import create_app as create_celery
 from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, new_job_id
+from worker.orphans import OrphanSweeper
 from worker.storage import Storage
 
 
@@ -18,6 +22,11 @@ def assert_unavailable(response, what: str) -> None:
     assert_error(response, 503, "unavailable", what, "try again")
     assert response.headers["Retry-After"] == "5"
     assert "127.0.0.1" not in response.text and "Error" not in response.text
+
+
+def stored_keys(settings) -> list[str]:
+    listing = Storage(settings).client.list_objects_v2(Bucket=settings.s3_bucket)
+    return [o["Key"] for o in listing.get("Contents", [])]
 
 
 def succeeded_job(settings) -> JobRecord:
@@ -49,6 +58,12 @@ def test_reads_without_redis_are_unavailable(no_redis, method, path):
     with TestClient(create_app(no_redis)) as c:
         response = c.request(method, path.format(id=new_job_id()))
     assert_unavailable(response, "the job store")
+
+
+def test_a_submission_without_redis_is_unavailable_and_stores_nothing(settings, no_redis, clips):
+    with TestClient(create_app(no_redis)) as c:
+        assert_unavailable(submit(c, clips["en_jfk"].bytes), "the job store")
+    assert stored_keys(settings) == []
 
 
 def test_a_submission_without_storage_is_unavailable(no_storage, clips):
@@ -85,3 +100,66 @@ def test_an_unforeseen_failure_is_a_logged_json_500(settings, caplog):
     (entry,) = [r for r in caplog.records if r.name == "api.errors"]
     assert f"GET /v1/jobs/{job.id}/result failed" in entry.getMessage()
     assert entry.exc_info[0].__name__ == "ValidationError"
+
+
+def test_redis_lost_mid_upload_leaves_nothing_stored(settings, tmp_path, clips):
+    """Redis answers when the request starts and is killed while the body streams in: the
+    record cannot be written, so the stored input is deleted."""
+    server = RedisServer(tmp_path)
+    server.start()
+    app = create_app(settings.model_copy(update={"redis_url": server.url}))
+    body = wire.multipart(clips["en_jfk"].bytes, "jfk.flac", model="tiny.en")
+
+    def chunks():
+        yield body[:1000]
+        server.close()  # kill -9
+        yield body[1000:]
+
+    with TestClient(app):
+        response = wire.post(app, chunks())
+    assert_unavailable(response, "the job store")
+    assert stored_keys(settings) == []
+
+
+def test_a_job_the_queue_cannot_take_leaves_no_record_and_no_input(settings, clips):
+    """The record is written but the message cannot be published: both are withdrawn, so the
+    503 means the job will never run."""
+    app = create_app(settings)
+    with TestClient(app) as c:
+        dead = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+        app.state.celery = create_celery(dead)
+        assert_unavailable(submit(c, clips["en_jfk"].bytes), "the job queue")
+    r = redis.Redis.from_url(settings.redis_url)
+    assert r.keys("whisperfleet:job:*") == [] and r.zcard("whisperfleet:active") == 0
+    assert stored_keys(settings) == [] and not queued_messages(settings)
+
+
+@pytest.fixture
+def storage_server():
+    """A moto server of this test's own, which the test may freeze (SIGSTOP)."""
+    server = StorageServer()
+    yield server
+    server.close()
+
+
+def test_storage_frozen_mid_submission_leaves_nothing_once_swept(settings, storage_server, clips):
+    """Storage stops answering as the input is written: 503 within the storage timeout, and
+    no record. The put may still land when storage wakes, after the API's delete gave up:
+    the sweeper removes it."""
+    settings = settings.model_copy(
+        update={"s3_endpoint_url": storage_server.url, "s3_timeout_s": 0.5}
+    )
+    app = create_app(settings)
+    with TestClient(app) as c:
+        storage_server.freeze()
+        try:
+            response = submit(c, clips["en_jfk"].bytes)
+        finally:
+            storage_server.thaw()
+    assert_unavailable(response, "object storage")
+    store = JobStore(redis.Redis.from_url(settings.redis_url))
+    assert store.redis.keys("whisperfleet:job:*") == []
+    sweeper = OrphanSweeper(Storage(settings), store, every_s=0)
+    sweeper.sweep()
+    sweeper.sweep()
+    assert stored_keys(settings) == []

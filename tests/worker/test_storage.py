@@ -34,3 +34,21 @@ def test_aborted_multipart_leaves_nothing(storage):
     writer.abort()
     with pytest.raises(storage.client.exceptions.NoSuchKey):
         storage.get("jobs/t/3/input")
+
+
+@pytest.mark.parametrize("size", [1000, PART_SIZE + 1])
+def test_abort_after_close_deletes_the_object(storage, size):
+    """A submission that fails after its input was stored takes the input back."""
+    writer = storage.writer("jobs/t/4/input")
+    writer.write(b"a" * size)
+    writer.close()
+    writer.abort()
+    assert list(storage.pages("jobs/")) == [[]]
+
+
+def test_pages_list_keys_under_a_prefix(storage):
+    for key in ("jobs/t/5/input", "jobs/t/5/result.json", "other/x"):
+        storage.put_once(key, b"x", "application/octet-stream")
+    assert [sorted(page) for page in storage.pages("jobs/")] == [
+        ["jobs/t/5/input", "jobs/t/5/result.json"]
+    ]

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_access_key_id: str = "whisperfleet"
     s3_secret_access_key: str = "whisperfleet"
+    # how long one storage call waits for an answer (boto tries 3 times) before the API
+    # answers 503 `unavailable` or the worker retries the job
+    s3_timeout_s: float = Field(60.0, gt=0)
 
     # Models clients may ask for: "name" for the packaged weights (tiny.en, base) or
     # "name=source" where source is a local Hugging Face / CTranslate2 directory or a hub id.
@@ -70,6 +73,9 @@ class Settings(BaseSettings):
     reconcile_every_s: float = 10.0
     stale_after_s: float = 60.0
     visibility_timeout_s: float = 3600.0
+    # Every orphan_sweep_s the reconciling worker deletes job inputs that no record claims at
+    # two sweeps in a row: what a submission that failed halfway could not delete itself.
+    orphan_sweep_s: float = Field(300.0, gt=0)
     # Prometheus metrics of each worker process (0: off); `worker --gpus` gives the process
     # of the i-th GPU this port + i
     metrics_port: int = 9108
