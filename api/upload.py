@@ -17,19 +17,16 @@ from api.errors import ApiError
 from worker.contract.options import PROMPT_MAX_CHARS, JobCreate
 from worker.contract.uploads import (
     EXPECTED,
+    HEAD_BYTES,
     SPECTROGRAM_FORMS,
-    NpyHeader,
-    Sniffed,
+    Head,
     SpectrogramHeaderError,
     all_finite,
-    npy_header_length,
-    parse_npy_header,
-    sniff,
+    read_head,
 )
 from worker.storage import ObjectWriter
 
 FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`
-SNIFF_BYTES = 16
 MAX_FIELD_BYTES = 4 * PROMPT_MAX_CHARS  # a whole prompt in UTF-8: its length is checked later
 
 
@@ -38,8 +35,7 @@ class Upload:
     fields: dict[str, str] = field(default_factory=dict)
     filename: str | None = None
     size: int = 0
-    sniffed: Sniffed | None = None
-    frames: int | None = None  # spectrogram frames, from the .npy header
+    head: Head | None = None  # what the file's first bytes say about it
 
 
 class _Parts:
@@ -82,68 +78,88 @@ class _Parts:
         self.events.append(("begin", (name, filename)))
 
 
-class _Inspector:
-    """Looks at the file part as it streams: names its kind from the first bytes, refuses
-    non-audio at once, and checks a .npy spectrogram's header, size and values as they pass."""
+class Inspector:
+    """Looks at the file part as it streams, to the same verdict however it is chunked: the
+    first bytes name its kind (non-audio is refused at once) and a .npy spectrogram's header
+    its shape; the spectrogram's values are checked as they pass."""
 
     def __init__(self, max_frames: int):
         self.max_frames = max_frames
-        self.head = bytearray()
-        self.sniffed: Sniffed | None = None
-        self.npy: NpyHeader | None = None
+        self.head = bytearray()  # the first bytes, until they are read
+        self.need = 0  # bytes `head` must hold before it is read again
+        self.found: Head | None = None
         self.carry = b""  # a float split across chunks
         self.size = 0
 
     def feed(self, data: bytes) -> None:
         self.size += len(data)
-        if self.sniffed is None or (self.sniffed.format == "npy" and self.npy is None):
-            self.head += data[: 65536 + 12 - len(self.head)]
-            if self.sniffed is None and len(self.head) >= SNIFF_BYTES:
-                self.sniffed = _check_sniffed(bytes(self.head))
-            if self.sniffed is not None and self.sniffed.format == "npy":
-                self._header()
-                if self.npy is None:
-                    return
-                data = bytes(self.head[self.npy.offset :])
-            else:
+        if self.found is None:
+            kept = HEAD_BYTES - len(self.head)
+            self.head += data[:kept]
+            if len(self.head) < min(self.need, HEAD_BYTES) or not self._read(
+                complete=len(self.head) == HEAD_BYTES
+            ):
                 return
-        if self.npy is not None:
-            data = self.carry + data
-            whole = len(data) - len(data) % self.npy.itemsize
-            if not all_finite(data[:whole], self.npy.dtype):
-                raise ApiError(
-                    422, "invalid_spectrogram", f"NaN or infinite values; {SPECTROGRAM_FORMS}"
-                )
-            self.carry = data[whole:]
+            data = self._held() + data[kept:]
+        self._check(data)
 
-    def _header(self) -> None:
-        length = npy_header_length(bytes(self.head))
-        if length is None or len(self.head) < length:
-            if len(self.head) > 65536:
-                raise ApiError(
-                    422, "invalid_spectrogram", f"the .npy header is too long; {SPECTROGRAM_FORMS}"
-                )
+    def _held(self) -> bytes:
+        """The file's bytes held in `head` past the .npy header, once read; `head` let go."""
+        npy, head, self.head = self.found.npy, self.head, bytearray()
+        return bytes(head[npy.offset :]) if npy else b""
+
+    def _check(self, data: bytes) -> None:
+        """The next bytes of a .npy spectrogram's values, in any chunk: finite, and no more
+        than the header describes."""
+        npy = self.found.npy
+        if npy is None:
             return
+        if self.size > npy.offset + npy.nbytes:
+            raise ApiError(
+                422,
+                "invalid_spectrogram",
+                f"more bytes than the .npy header describes ({npy.offset + npy.nbytes}); "
+                f"{SPECTROGRAM_FORMS}",
+            )
+        data = self.carry + data
+        whole = len(data) - len(data) % npy.itemsize
+        if not all_finite(data[:whole], npy.dtype):
+            raise ApiError(
+                422, "invalid_spectrogram", f"NaN or infinite values; {SPECTROGRAM_FORMS}"
+            )
+        self.carry = data[whole:]
+
+    def _read(self, complete: bool) -> bool:
+        """Read `head`; False while it needs more bytes."""
         try:
-            self.npy = parse_npy_header(bytes(self.head), self.max_frames)
+            found = read_head(bytes(self.head), complete, self.max_frames)
         except SpectrogramHeaderError as e:
             raise ApiError(422, "invalid_spectrogram", str(e)) from e
+        if isinstance(found, int):
+            self.need = found
+            return False
+        if not found.sniffed.supported:
+            what = found.sniffed.format
+            kind = f"a {what.upper()} file" if what else "not audio"
+            raise ApiError(422, "invalid_audio", f"the file is {kind}; {EXPECTED}")
+        self.found = found
+        return True
 
-    def finish(self) -> Sniffed:
+    def finish(self) -> Head:
         if self.size == 0:
             raise ApiError(422, "invalid_audio", f"the file is empty; {EXPECTED}")
-        if self.sniffed is None:
-            self.sniffed = _check_sniffed(bytes(self.head))
-        if self.sniffed.format == "npy":
-            expected = None if self.npy is None else self.npy.offset + self.npy.nbytes
-            if expected != self.size:
-                raise ApiError(
-                    422,
-                    "invalid_spectrogram",
-                    f"{self.size} bytes, but the .npy header describes {expected}; the file is "
-                    f"truncated or padded; {SPECTROGRAM_FORMS}",
-                )
-        return self.sniffed
+        if self.found is None:
+            self._read(complete=True)
+            self._check(self._held())
+        npy = self.found.npy
+        if npy is not None and self.size != npy.offset + npy.nbytes:
+            raise ApiError(
+                422,
+                "invalid_spectrogram",
+                f"{self.size} bytes, but the .npy header describes {npy.offset + npy.nbytes}; "
+                f"the file is truncated; {SPECTROGRAM_FORMS}",
+            )
+        return self.found
 
 
 async def receive_upload(
@@ -168,7 +184,7 @@ async def receive_upload(
     parts = _Parts()
     parser = MultipartParser(params[b"boundary"], parts.callbacks())
     upload = Upload()
-    inspector = _Inspector(max_frames)
+    inspector = Inspector(max_frames)
     current: str | None = None
     value = bytearray()
     seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused
@@ -200,7 +216,8 @@ async def receive_upload(
                         413, "too_large", f"the file is over the limit of {max_bytes} bytes"
                     )
                 inspector.feed(data)
-                await run_in_threadpool(writer.write, data)
+                if writer.append(data):
+                    await run_in_threadpool(writer.flush)
             elif kind == "data":
                 value += data
                 if len(value) > MAX_FIELD_BYTES:
@@ -218,15 +235,6 @@ async def receive_upload(
         raise ApiError(
             422, "invalid_request", "no `file` part: send the audio as form field `file`"
         )
-    upload.sniffed, upload.size = inspector.finish(), inspector.size
-    upload.frames = inspector.npy.frames if inspector.npy else None
+    upload.head, upload.size = inspector.finish(), inspector.size
     await run_in_threadpool(writer.close)
     return upload
-
-
-def _check_sniffed(head: bytes) -> Sniffed:
-    sniffed = sniff(head)
-    if not sniffed.supported:
-        found = f"a {sniffed.format.upper()} file" if sniffed.format else "not audio"
-        raise ApiError(422, "invalid_audio", f"the file is {found}; {EXPECTED}")
-    return sniffed

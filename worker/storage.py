@@ -89,13 +89,15 @@ class ObjectWriter:
         self.size = 0
         self.closing = False  # close was called: the object may exist, even if close raised
 
-    def write(self, data: bytes) -> None:
+    def append(self, data: bytes) -> bool:
+        """Buffer `data`, without I/O (an event loop may call this); True when a part is full
+        and `flush` is due."""
         self.buffer += data
         self.size += len(data)
-        if len(self.buffer) >= PART_SIZE:
-            self._flush_part()
+        return len(self.buffer) >= PART_SIZE
 
-    def _flush_part(self) -> None:
+    def flush(self) -> None:
+        """Upload the buffer as the next part (blocking)."""
         client, bucket = self.storage.client, self.storage.bucket
         if self.upload_id is None:
             self.upload_id = client.create_multipart_upload(Bucket=bucket, Key=self.key)["UploadId"]
@@ -117,7 +119,7 @@ class ObjectWriter:
             client.put_object(Bucket=bucket, Key=self.key, Body=bytes(self.buffer))
             return
         if self.buffer:
-            self._flush_part()
+            self.flush()
         client.complete_multipart_upload(
             Bucket=bucket,
             Key=self.key,

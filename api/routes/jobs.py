@@ -85,7 +85,8 @@ async def create_job(
         upload = await receive_upload(
             request, writer, settings.max_upload_bytes, settings.max_spectrogram_frames
         )
-        job = JobCreate.parse(upload.fields).resolve(settings, upload.sniffed.kind)
+        head = upload.head
+        job = JobCreate.parse(upload.fields).resolve(settings, head.sniffed.kind)
         record = JobRecord(
             id=job_id,
             tenant=tenant,
@@ -96,8 +97,8 @@ async def create_job(
                 kind=job.input,
                 bytes=upload.size,
                 filename=upload.filename,
-                format=upload.sniffed.format,
-                frames=upload.frames,
+                format=head.sniffed.format,
+                frames=head.npy.frames if head.npy else None,
             ),
         )
         await run_in_threadpool(store.create, record)

@@ -127,6 +127,32 @@ def parse_npy_header(head: bytes, max_frames: int) -> NpyHeader:
     return NpyHeader(dtype, shape, length)
 
 
+# --- What the first bytes of an upload say ----------------------------------------------------
+
+HEAD_BYTES = 64 * 1024  # the most of an upload held to read its header
+
+
+@dataclass(frozen=True)
+class Head:
+    sniffed: Sniffed
+    npy: NpyHeader | None = None
+
+
+def read_head(head: bytes, complete: bool, max_frames: int) -> Head | int:
+    """What `head`, the first bytes of an upload, says about it; or, while it cannot tell yet,
+    how many bytes it needs. `complete`: no more will come (`head` is the whole file, or
+    HEAD_BYTES of it), so tell now. Raises SpectrogramHeaderError for a bad .npy header."""
+    if len(head) < 12 and not complete:
+        return 12
+    sniffed = sniff(head)
+    if sniffed.format != "npy":
+        return Head(sniffed)
+    length = npy_header_length(head)
+    if length is not None and len(head) < length and not complete:
+        return length
+    return Head(sniffed, parse_npy_header(head, max_frames))
+
+
 def all_finite(data: bytes, dtype: str) -> bool:
     """True if no value in `data` (whole little-endian floats) is NaN or infinite."""
     size, parts = _EXPONENT[dtype]
