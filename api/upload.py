@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
@@ -26,8 +27,13 @@ from worker.contract.uploads import (
 )
 from worker.storage import ObjectWriter
 
-FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`
+FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`; each at most once
 MAX_FIELD_BYTES = 4 * PROMPT_MAX_CHARS  # a whole prompt in UTF-8: its length is checked later
+# the body beyond the file: multipart framing, part headers and the small fields
+BODY_ALLOWANCE = 64 * 1024
+MAX_BOUNDARY = 70  # characters (RFC 2046)
+MAX_PART_HEADERS = 8  # per part; a browser sends 2
+MAX_PART_HEADER_BYTES = 4096  # one header line: a file name of 255 characters fits
 
 
 @dataclass
@@ -48,6 +54,7 @@ class _Parts:
         # What happened during one `write`: ("begin", (name, filename)), ("data", bytes),
         # ("end", None). Several parts can begin and end within one chunk.
         self.events: list[tuple[str, object]] = []
+        self.ended = False  # the closing boundary was seen
 
     def callbacks(self) -> dict:
         return {
@@ -58,6 +65,7 @@ class _Parts:
             "on_headers_finished": self._headers_finished,
             "on_part_data": lambda d, s, e: self.events.append(("data", bytes(d[s:e]))),
             "on_part_end": lambda: self.events.append(("end", None)),
+            "on_end": lambda: setattr(self, "ended", True),
         }
 
     def _add(self, attr: str, data: bytes) -> None:
@@ -83,8 +91,8 @@ class Inspector:
     first bytes name its kind (non-audio is refused at once) and a .npy spectrogram's header
     its shape; the spectrogram's values are checked as they pass."""
 
-    def __init__(self, max_frames: int):
-        self.max_frames = max_frames
+    def __init__(self, max_bytes: int, max_frames: int):
+        self.max_bytes, self.max_frames = max_bytes, max_frames
         self.head = bytearray()  # the first bytes, until they are read
         self.need = 0  # bytes `head` must hold before it is read again
         self.found: Head | None = None
@@ -93,6 +101,10 @@ class Inspector:
 
     def feed(self, data: bytes) -> None:
         self.size += len(data)
+        if self.size > self.max_bytes:
+            raise ApiError(
+                413, "too_large", f"the file is over the limit of {self.max_bytes} bytes"
+            )
         if self.found is None:
             kept = HEAD_BYTES - len(self.head)
             self.head += data[:kept]
@@ -142,6 +154,14 @@ class Inspector:
             what = found.sniffed.format
             kind = f"a {what.upper()} file" if what else "not audio"
             raise ApiError(422, "invalid_audio", f"the file is {kind}; {EXPECTED}")
+        npy = found.npy
+        if npy is not None and npy.offset + npy.nbytes > self.max_bytes:
+            raise ApiError(
+                413,
+                "too_large",
+                f"the .npy header describes {npy.offset + npy.nbytes} bytes; the limit is "
+                f"{self.max_bytes}",
+            )
         self.found = found
         return True
 
@@ -167,29 +187,57 @@ async def receive_upload(
 ) -> Upload:
     """Parse the multipart body: the `file` part goes to `writer`, small fields are returned.
 
-    Raises ApiError (413 too_large, 422 invalid_audio / invalid_spectrogram / invalid_request);
-    on any failure the caller undoes what `writer` stored (`ObjectWriter.abort`).
+    The whole body is capped (the file's `max_bytes` + BODY_ALLOWANCE), with or without a
+    Content-Length, and so are the parts: each known field at most once, so at most
+    len(FORM_FIELDS) + 1 of them, each with at most MAX_PART_HEADERS headers of at most
+    MAX_PART_HEADER_BYTES. Raises ApiError (413 too_large, 422 invalid_audio /
+    invalid_spectrogram / invalid_request); on any failure the caller undoes what `writer`
+    stored (`ObjectWriter.abort`).
     """
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:
         raise ApiError(
             422, "invalid_request", "expected multipart/form-data with the audio in `file`"
         )
+    boundary = params[b"boundary"]
+    if not 0 < len(boundary) <= MAX_BOUNDARY:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"the multipart boundary must be 1 to {MAX_BOUNDARY} characters long",
+        )
+    limit = max_bytes + BODY_ALLOWANCE
     declared = int(request.headers.get("content-length") or 0)
-    if declared > max_bytes + 64 * 1024:  # room for the multipart framing and small fields
+    if declared > limit:
         raise ApiError(
             413, "too_large", f"the upload is {declared} bytes; the limit is {max_bytes}"
         )
 
     parts = _Parts()
-    parser = MultipartParser(params[b"boundary"], parts.callbacks())
+    parser = MultipartParser(
+        boundary,
+        parts.callbacks(),
+        max_header_count=MAX_PART_HEADERS,
+        max_header_size=MAX_PART_HEADER_BYTES,
+    )
     upload = Upload()
-    inspector = Inspector(max_frames)
+    inspector = Inspector(max_bytes, max_frames)
     current: str | None = None
     value = bytearray()
     seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused
+    received = 0
     async for chunk in request.stream():
-        parser.write(chunk)
+        received += len(chunk)
+        if received > limit:
+            raise ApiError(
+                413,
+                "too_large",
+                f"the request body is over {limit} bytes (the file's limit is {max_bytes})",
+            )
+        try:
+            parser.write(chunk)
+        except MultipartParseError as e:
+            raise ApiError(422, "invalid_request", _malformed(e)) from e
         for kind, data in parts.events:
             if kind == "begin":
                 (current, filename), value = data, bytearray()
@@ -211,10 +259,6 @@ async def receive_upload(
                         f"unknown form field {current!r}; expected {known}",
                     )
             elif kind == "data" and current == "file":
-                if inspector.size + len(data) > max_bytes:
-                    raise ApiError(
-                        413, "too_large", f"the file is over the limit of {max_bytes} bytes"
-                    )
                 inspector.feed(data)
                 if writer.append(data):
                     await run_in_threadpool(writer.flush)
@@ -230,11 +274,25 @@ async def receive_upload(
                 if text := value.decode("utf-8", "replace").strip():  # empty: omitted
                     upload.fields[current] = text
         parts.events.clear()
-    parser.finalize()
     if "file" not in seen:
         raise ApiError(
             422, "invalid_request", "no `file` part: send the audio as form field `file`"
         )
+    if not parts.ended:
+        raise ApiError(
+            422,
+            "invalid_request",
+            "the multipart body ends before its closing boundary: the upload is cut short",
+        )
     upload.head, upload.size = inspector.finish(), inspector.size
     await run_in_threadpool(writer.close)
     return upload
+
+
+def _malformed(e: MultipartParseError) -> str:
+    """What python-multipart found wrong with a body, in the API's words."""
+    if "header count" in str(e):
+        return f"a multipart part has more than {MAX_PART_HEADERS} headers"
+    if "header size" in str(e):
+        return f"a multipart part header is over {MAX_PART_HEADER_BYTES} bytes"
+    return "the multipart body does not follow the boundary its Content-Type names"

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from tests.api import wire
-from tests.api.test_jobs_api import assert_error, queued_messages, submit
+from tests.api.test_jobs_api import assert_error, queued_messages, stored_keys, submit
 from tests.conftest import free_port
 from tests.faults.fleet import RedisServer, StorageServer
 from worker.app import create_app as create_celery
@@ -22,11 +22,6 @@ def assert_unavailable(response, what: str) -> None:
     assert_error(response, 503, "unavailable", what, "try again")
     assert response.headers["Retry-After"] == "5"
     assert "127.0.0.1" not in response.text and "Error" not in response.text
-
-
-def stored_keys(settings) -> list[str]:
-    listing = Storage(settings).client.list_objects_v2(Bucket=settings.s3_bucket)
-    return [o["Key"] for o in listing.get("Contents", [])]
 
 
 def succeeded_job(settings) -> JobRecord:
