@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from worker.contract.options import PROMPT_MAX_CHARS, JobCreate
+from worker.contract.settings import FRAMES_PER_SECOND
 from worker.contract.uploads import (
     EXPECTED,
     HEAD_BYTES,
@@ -88,11 +89,12 @@ class _Parts:
 
 class Inspector:
     """Looks at the file part as it streams, to the same verdict however it is chunked: the
-    first bytes name its kind (non-audio is refused at once) and a .npy spectrogram's header
-    its shape; the spectrogram's values are checked as they pass."""
+    first bytes name its kind (non-audio is refused at once), its length where its header
+    says it (longer than `max_audio_s`: too_long), and a .npy spectrogram's shape; the
+    spectrogram's values are checked as they pass."""
 
-    def __init__(self, max_bytes: int, max_frames: int):
-        self.max_bytes, self.max_frames = max_bytes, max_frames
+    def __init__(self, max_bytes: int, max_audio_s: float):
+        self.max_bytes, self.max_audio_s = max_bytes, max_audio_s
         self.head = bytearray()  # the first bytes, until they are read
         self.need = 0  # bytes `head` must hold before it is read again
         self.found: Head | None = None
@@ -144,16 +146,18 @@ class Inspector:
     def _read(self, complete: bool) -> bool:
         """Read `head`; False while it needs more bytes."""
         try:
-            found = read_head(bytes(self.head), complete, self.max_frames)
+            found = read_head(bytes(self.head), complete)
         except SpectrogramHeaderError as e:
             raise ApiError(422, "invalid_spectrogram", str(e)) from e
-        if isinstance(found, int):
-            self.need = found
+        if isinstance(found, int):  # at least twice what it holds: a header read a few times
+            self.need = max(found, 2 * len(self.head))
             return False
         if not found.sniffed.supported:
             what = found.sniffed.format
             kind = f"a {what.upper()} file" if what else "not audio"
             raise ApiError(422, "invalid_audio", f"the file is {kind}; {EXPECTED}")
+        if found.duration_s is not None and found.duration_s > self.max_audio_s:
+            raise ApiError(422, "too_long", _too_long(found, self.max_audio_s))
         npy = found.npy
         if npy is not None and npy.offset + npy.nbytes > self.max_bytes:
             raise ApiError(
@@ -182,8 +186,19 @@ class Inspector:
         return self.found
 
 
+def _too_long(found: Head, max_audio_s: float) -> str:
+    limit = f"the limit is {max_audio_s:g} s"
+    if found.npy is not None:
+        frames = found.npy.frames
+        return (
+            f"the spectrogram has {frames} frames ({found.duration_s:g} s); {limit} "
+            f"({int(max_audio_s * FRAMES_PER_SECOND)} frames)"
+        )
+    return f"the {found.sniffed.format.upper()} header says {found.duration_s:.1f} s; {limit}"
+
+
 async def receive_upload(
-    request: Request, writer: ObjectWriter, max_bytes: int, max_frames: int
+    request: Request, writer: ObjectWriter, max_bytes: int, max_audio_s: float
 ) -> Upload:
     """Parse the multipart body: the `file` part goes to `writer`, small fields are returned.
 
@@ -221,7 +236,7 @@ async def receive_upload(
         max_header_size=MAX_PART_HEADER_BYTES,
     )
     upload = Upload()
-    inspector = Inspector(max_bytes, max_frames)
+    inspector = Inspector(max_bytes, max_audio_s)
     current: str | None = None
     value = bytearray()
     seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused

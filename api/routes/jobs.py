@@ -83,7 +83,7 @@ async def create_job(
     await run_in_threadpool(store.redis.ping)  # Redis away: 503 before a byte is stored
     try:
         upload = await receive_upload(
-            request, writer, settings.max_upload_bytes, settings.max_spectrogram_frames
+            request, writer, settings.max_upload_bytes, settings.max_audio_s
         )
         head = upload.head
         job = JobCreate.parse(upload.fields).resolve(settings, head.sniffed.kind)

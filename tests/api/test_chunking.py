@@ -43,7 +43,7 @@ def cut(data: bytes, size: int | None) -> list[bytes]:
 
 @pytest.mark.parametrize("size", CHUNKS)
 def test_the_inspector_accepts_a_valid_spectrogram_in_any_chunks(size):
-    inspector = Inspector(max_bytes=2**20, max_frames=6000)
+    inspector = Inspector(max_bytes=2**20, max_audio_s=60)
     for chunk in cut(spectrogram(), size):
         inspector.feed(chunk)
     assert inspector.finish().npy.shape == (80, 3000)
@@ -52,7 +52,7 @@ def test_the_inspector_accepts_a_valid_spectrogram_in_any_chunks(size):
 @pytest.mark.parametrize("where", NAN_AT)
 @pytest.mark.parametrize("size", CHUNKS)
 def test_the_inspector_finds_a_nan_in_any_chunks(size, where):
-    inspector = Inspector(max_bytes=2**20, max_frames=6000)
+    inspector = Inspector(max_bytes=2**20, max_audio_s=60)
     with pytest.raises(ApiError, match="NaN or infinite") as refused:
         for chunk in cut(spectrogram(NAN_AT[where]), size):
             inspector.feed(chunk)

@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+FRAMES_PER_SECOND = 100  # log-mel frames a second of audio (Whisper's hop: 160 samples at 16 kHz)
+
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "whisperfleet"
@@ -43,7 +45,9 @@ class Settings(BaseSettings):
     )
     default_model: str = "tiny.en"
     max_upload_bytes: int = 200 * 1024 * 1024
-    max_spectrogram_frames: int = 4 * 3600 * 100  # 4 h of log-mel frames
+    # longest input, audio or spectrogram (4 h): refused with `too_long` by the API where the
+    # file's header says its length, by the worker as it decodes otherwise
+    max_audio_s: float = Field(4 * 3600.0, gt=0)
 
     # Worker: "auto" picks CUDA when present. Threads in flight per worker process.
     device: str = "auto"
@@ -109,6 +113,11 @@ class Settings(BaseSettings):
         if source.startswith("random:"):
             return False
         return name.endswith(".en") or source.rstrip("/").endswith(".en")
+
+    @property
+    def max_spectrogram_frames(self) -> int:
+        """`max_audio_s` in log-mel frames (100 a second): the engine's spectrogram limit."""
+        return int(self.max_audio_s * FRAMES_PER_SECOND)
 
     @property
     def redis_is_local(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.contract.options import InputKind
+from worker.contract.settings import FRAMES_PER_SECOND
 
 EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio, or a .npy spectrogram"
 
@@ -113,7 +114,7 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
-def parse_npy_header(head: bytes, max_frames: int) -> NpyHeader:
+def parse_npy_header(head: bytes) -> NpyHeader:
     """Check a .npy header describes a spectrogram; `head` holds at least the whole header.
 
     Strict where numpy is lenient, so that what passes here is what the worker reads: exactly
@@ -159,37 +160,69 @@ def parse_npy_header(head: bytes, max_frames: int) -> NpyHeader:
     core = shape[1:] if len(shape) == 3 and shape[0] == 1 else shape
     if len(core) != 2 or core[0] not in (80, 128) or core[1] < 3000:
         raise SpectrogramHeaderError(f"shape {_shown(list(shape))}; {SPECTROGRAM_FORMS}")
-    if core[1] > max_frames:
-        raise SpectrogramHeaderError(
-            f"{core[1]} frames; the limit is {max_frames} frames; {SPECTROGRAM_FORMS}"
-        )
     return NpyHeader(dtype, shape, length)
 
 
 # --- What the first bytes of an upload say ----------------------------------------------------
 
 HEAD_BYTES = 64 * 1024  # the most of an upload held to read its header
+# a WAV `data` size that says nothing: 0, or what ffmpeg (0xFFFFFFFF) and SoX (0x7FFFF000) write
+# where they cannot seek back to fill it in (a pipe)
+_WAV_UNKNOWN = 0x7FFFF000
 
 
 @dataclass(frozen=True)
 class Head:
     sniffed: Sniffed
     npy: NpyHeader | None = None
+    duration_s: float | None = None  # the length the header declares, where it declares one
 
 
-def read_head(head: bytes, complete: bool, max_frames: int) -> Head | int:
+def read_head(head: bytes, complete: bool) -> Head | int:
     """What `head`, the first bytes of an upload, says about it; or, while it cannot tell yet,
     how many bytes it needs. `complete`: no more will come (`head` is the whole file, or
-    HEAD_BYTES of it), so tell now. Raises SpectrogramHeaderError for a bad .npy header."""
+    HEAD_BYTES of it), so tell now. Headers only, nothing decoded: a .npy's shape, a WAV's
+    `fmt ` and `data` chunks, a FLAC's STREAMINFO. Raises SpectrogramHeaderError for a bad .npy
+    header."""
     if len(head) < 12 and not complete:
         return 12
     sniffed = sniff(head)
-    if sniffed.format != "npy":
-        return Head(sniffed)
-    length = npy_header_length(head)
-    if length is not None and len(head) < length <= NPY_HEADER_MAX and not complete:
-        return length
-    return Head(sniffed, parse_npy_header(head, max_frames))
+    if sniffed.format == "npy":
+        length = npy_header_length(head)
+        if length is not None and len(head) < length <= NPY_HEADER_MAX and not complete:
+            return length
+        npy = parse_npy_header(head)
+        return Head(sniffed, npy, npy.frames / FRAMES_PER_SECOND)
+    if sniffed.format == "wav":
+        return _wav(head, complete, sniffed)
+    if sniffed.format == "flac":
+        if len(head) < 26:
+            return Head(sniffed) if complete else 26
+        # the first block is STREAMINFO (type 0, 34 bytes); from its 10th byte: 20 bits of
+        # sample rate, 3 of channels, 5 of bits per sample, 36 of samples (0: not known)
+        if head[4] & 0x7F != 0 or int.from_bytes(head[5:8], "big") != 34:
+            return Head(sniffed)
+        bits = int.from_bytes(head[18:26], "big")
+        rate, samples = bits >> 44, bits & (2**36 - 1)
+        return Head(sniffed, duration_s=samples / rate if rate and samples else None)
+    return Head(sniffed)
+
+
+def _wav(head: bytes, complete: bool, sniffed: Sniffed) -> Head | int:
+    """A RIFF WAVE's length from its `fmt ` chunk's byte rate and its `data` chunk's size."""
+    at, byte_rate = 12, 0
+    while True:
+        if len(head) < at + 8:
+            return Head(sniffed) if complete else at + 8
+        chunk, size = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        if chunk == b"fmt ":
+            if len(head) < at + 20:
+                return Head(sniffed) if complete else at + 20
+            byte_rate = int.from_bytes(head[at + 16 : at + 20], "little")
+        elif chunk == b"data":
+            known = byte_rate and 0 < size < _WAV_UNKNOWN
+            return Head(sniffed, duration_s=size / byte_rate if known else None)
+        at += 8 + size + size % 2
 
 
 def all_finite(data: bytes, dtype: str) -> bool:
