@@ -61,7 +61,9 @@ def _start(**_: object) -> None:
         settings.max_attempts,
         OrphanSweeper(transcribe.storage, transcribe.store, settings.orphan_sweep_s),
     )
-    metrics.serve(settings.metrics_port, transcribe.store, transcribe.leases.held)
+    metrics.serve(
+        settings.metrics_host, settings.metrics_port, transcribe.store, transcribe.leases.held
+    )
     threading.Thread(
         target=reconciler.loop, args=(settings.reconcile_every_s, _stop), daemon=True
     ).start()

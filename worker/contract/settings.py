@@ -81,7 +81,9 @@ class Settings(BaseSettings):
     # two sweeps in a row: what a submission that failed halfway could not delete itself.
     orphan_sweep_s: float = Field(300.0, gt=0)
     # Prometheus metrics of each worker process (0: off); `worker --gpus` gives the process
-    # of the i-th GPU this port + i
+    # of the i-th GPU this port + i. Only on this host unless metrics_host says otherwise
+    # (0.0.0.0 inside a container, where Prometheus scrapes over the container network).
+    metrics_host: str = "127.0.0.1"
     metrics_port: int = 9108
     log_format: Literal["text", "json"] = "text"  # worker log lines; each names its job
     cache_dir: Path = Field(default_factory=_default_cache_dir)
