@@ -2,6 +2,8 @@
 `Retry-After`, and nothing is left in storage; anything unforeseen is a JSON 500 `internal`."""
 
 import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
@@ -70,6 +72,44 @@ def test_a_result_without_storage_is_unavailable(no_storage):
     job = succeeded_job(no_storage)
     with TestClient(create_app(no_storage)) as c:
         assert_unavailable(c.get(f"/v1/jobs/{job.id}/result"), "object storage")
+
+
+class _Overloaded(BaseHTTPRequestHandler):
+    """An S3 endpoint that answers every request 503 SlowDown, as S3 does when overloaded."""
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate</Message></Error>"
+        self.send_response(503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_storage_answering_5xx_is_unavailable(settings):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Overloaded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    overloaded = settings.model_copy(
+        update={"s3_endpoint_url": f"http://127.0.0.1:{server.server_address[1]}"}
+    )
+    job = succeeded_job(overloaded)
+    try:
+        with TestClient(create_app(overloaded)) as c:
+            assert_unavailable(c.get(f"/v1/jobs/{job.id}/result"), "object storage")
+    finally:
+        server.shutdown()
+
+
+def test_a_succeeded_job_without_its_result_is_internal(settings):
+    """Storage answered, but not with what should be there: a fault of ours, not an outage."""
+    job = succeeded_job(settings)
+    with TestClient(create_app(settings)) as c:
+        assert_error(c.get(f"/v1/jobs/{job.id}/result"), 500, "internal")
 
 
 def test_readiness_says_which_dependency_is_away_and_no_more(no_redis, no_storage):
