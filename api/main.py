@@ -17,6 +17,9 @@ from worker.contract.settings import Settings, get_settings
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)
+# a Redis that stops answering (frozen, or a network partition) fails a request within this,
+# answered 503 `unavailable`, instead of holding it forever
+REDIS_TIMEOUT_S = 5.0
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -29,7 +32,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.settings = settings
-        app.state.store = JobStore(redis.Redis.from_url(settings.redis_url))
+        app.state.store = JobStore(
+            redis.Redis.from_url(
+                settings.redis_url,
+                socket_timeout=REDIS_TIMEOUT_S,
+                socket_connect_timeout=REDIS_TIMEOUT_S,
+            )
+        )
         app.state.storage = Storage(settings)
         app.state.celery = create_celery(settings)
         try:

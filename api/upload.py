@@ -10,27 +10,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from worker.contract.options import PROMPT_MAX_CHARS, JobCreate
+from worker.contract.settings import FRAMES_PER_SECOND
 from worker.contract.uploads import (
     EXPECTED,
+    HEAD_BYTES,
     SPECTROGRAM_FORMS,
-    NpyHeader,
-    Sniffed,
+    Head,
     SpectrogramHeaderError,
     all_finite,
-    npy_header_length,
-    parse_npy_header,
-    sniff,
+    read_head,
 )
 from worker.storage import ObjectWriter
 
-FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`
-SNIFF_BYTES = 16
+FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`; each at most once
 MAX_FIELD_BYTES = 4 * PROMPT_MAX_CHARS  # a whole prompt in UTF-8: its length is checked later
+# the body beyond the file: multipart framing, part headers and the small fields
+BODY_ALLOWANCE = 64 * 1024
+MAX_BOUNDARY = 70  # characters (RFC 2046)
+MAX_PART_HEADERS = 8  # per part; a browser sends 2
+MAX_PART_HEADER_BYTES = 4096  # one header line: a file name of 255 characters fits
 
 
 @dataclass
@@ -38,8 +42,7 @@ class Upload:
     fields: dict[str, str] = field(default_factory=dict)
     filename: str | None = None
     size: int = 0
-    sniffed: Sniffed | None = None
-    frames: int | None = None  # spectrogram frames, from the .npy header
+    head: Head | None = None  # what the file's first bytes say about it
 
 
 class _Parts:
@@ -52,6 +55,7 @@ class _Parts:
         # What happened during one `write`: ("begin", (name, filename)), ("data", bytes),
         # ("end", None). Several parts can begin and end within one chunk.
         self.events: list[tuple[str, object]] = []
+        self.ended = False  # the closing boundary was seen
 
     def callbacks(self) -> dict:
         return {
@@ -62,6 +66,7 @@ class _Parts:
             "on_headers_finished": self._headers_finished,
             "on_part_data": lambda d, s, e: self.events.append(("data", bytes(d[s:e]))),
             "on_part_end": lambda: self.events.append(("end", None)),
+            "on_end": lambda: setattr(self, "ended", True),
         }
 
     def _add(self, attr: str, data: bytes) -> None:
@@ -82,155 +87,227 @@ class _Parts:
         self.events.append(("begin", (name, filename)))
 
 
-class _Inspector:
-    """Looks at the file part as it streams: names its kind from the first bytes, refuses
-    non-audio at once, and checks a .npy spectrogram's header, size and values as they pass."""
+class Inspector:
+    """Looks at the file part as it streams, to the same verdict however it is chunked: the
+    first bytes name its kind (non-audio is refused at once), its length where its header
+    says it (longer than `max_audio_s`: too_long), and a .npy spectrogram's shape; the
+    spectrogram's values are checked as they pass."""
 
-    def __init__(self, max_frames: int):
-        self.max_frames = max_frames
-        self.head = bytearray()
-        self.sniffed: Sniffed | None = None
-        self.npy: NpyHeader | None = None
+    def __init__(self, max_bytes: int, max_audio_s: float):
+        self.max_bytes, self.max_audio_s = max_bytes, max_audio_s
+        self.head = bytearray()  # the first bytes, until they are read
+        self.need = 0  # bytes `head` must hold before it is read again
+        self.found: Head | None = None
         self.carry = b""  # a float split across chunks
         self.size = 0
 
     def feed(self, data: bytes) -> None:
         self.size += len(data)
-        if self.sniffed is None or (self.sniffed.format == "npy" and self.npy is None):
-            self.head += data[: 65536 + 12 - len(self.head)]
-            if self.sniffed is None and len(self.head) >= SNIFF_BYTES:
-                self.sniffed = _check_sniffed(bytes(self.head))
-            if self.sniffed is not None and self.sniffed.format == "npy":
-                self._header()
-                if self.npy is None:
-                    return
-                data = bytes(self.head[self.npy.offset :])
-            else:
+        if self.size > self.max_bytes:
+            raise ApiError(
+                413, "too_large", f"the file is over the limit of {self.max_bytes} bytes"
+            )
+        if self.found is None:
+            kept = HEAD_BYTES - len(self.head)
+            self.head += data[:kept]
+            if len(self.head) < min(self.need, HEAD_BYTES) or not self._read(
+                complete=len(self.head) == HEAD_BYTES
+            ):
                 return
-        if self.npy is not None:
-            data = self.carry + data
-            whole = len(data) - len(data) % self.npy.itemsize
-            if not all_finite(data[:whole], self.npy.dtype):
-                raise ApiError(
-                    422, "invalid_spectrogram", f"NaN or infinite values; {SPECTROGRAM_FORMS}"
-                )
-            self.carry = data[whole:]
+            data = self._held() + data[kept:]
+        self._check(data)
 
-    def _header(self) -> None:
-        length = npy_header_length(bytes(self.head))
-        if length is None or len(self.head) < length:
-            if len(self.head) > 65536:
-                raise ApiError(
-                    422, "invalid_spectrogram", f"the .npy header is too long; {SPECTROGRAM_FORMS}"
-                )
+    def _held(self) -> bytes:
+        """The file's bytes held in `head` past the .npy header, once read; `head` let go."""
+        npy, head, self.head = self.found.npy, self.head, bytearray()
+        return bytes(head[npy.offset :]) if npy else b""
+
+    def _check(self, data: bytes) -> None:
+        """The next bytes of a .npy spectrogram's values, in any chunk: finite, and no more
+        than the header describes."""
+        npy = self.found.npy
+        if npy is None:
             return
+        if self.size > npy.offset + npy.nbytes:
+            raise ApiError(
+                422,
+                "invalid_spectrogram",
+                f"more bytes than the .npy header describes ({npy.offset + npy.nbytes}); "
+                f"{SPECTROGRAM_FORMS}",
+            )
+        data = self.carry + data
+        whole = len(data) - len(data) % npy.itemsize
+        if not all_finite(data[:whole], npy.dtype):
+            raise ApiError(
+                422, "invalid_spectrogram", f"NaN or infinite values; {SPECTROGRAM_FORMS}"
+            )
+        self.carry = data[whole:]
+
+    def _read(self, complete: bool) -> bool:
+        """Read `head`; False while it needs more bytes."""
         try:
-            self.npy = parse_npy_header(bytes(self.head), self.max_frames)
+            found = read_head(bytes(self.head), complete)
         except SpectrogramHeaderError as e:
             raise ApiError(422, "invalid_spectrogram", str(e)) from e
+        if isinstance(found, int):  # at least twice what it holds: a header read a few times
+            self.need = max(found, 2 * len(self.head))
+            return False
+        if not found.sniffed.supported:
+            what = found.sniffed.format
+            kind = f"a {what.upper()} file" if what else "not audio"
+            raise ApiError(422, "invalid_audio", f"the file is {kind}; {EXPECTED}")
+        if found.duration_s is not None and found.duration_s > self.max_audio_s:
+            raise ApiError(422, "too_long", _too_long(found, self.max_audio_s))
+        npy = found.npy
+        if npy is not None and npy.offset + npy.nbytes > self.max_bytes:
+            raise ApiError(
+                413,
+                "too_large",
+                f"the .npy header describes {npy.offset + npy.nbytes} bytes; the limit is "
+                f"{self.max_bytes}",
+            )
+        self.found = found
+        return True
 
-    def finish(self) -> Sniffed:
+    def finish(self) -> Head:
         if self.size == 0:
             raise ApiError(422, "invalid_audio", f"the file is empty; {EXPECTED}")
-        if self.sniffed is None:
-            self.sniffed = _check_sniffed(bytes(self.head))
-        if self.sniffed.format == "npy":
-            expected = None if self.npy is None else self.npy.offset + self.npy.nbytes
-            if expected != self.size:
-                raise ApiError(
-                    422,
-                    "invalid_spectrogram",
-                    f"{self.size} bytes, but the .npy header describes {expected}; the file is "
-                    f"truncated or padded; {SPECTROGRAM_FORMS}",
-                )
-        return self.sniffed
+        if self.found is None:
+            self._read(complete=True)
+            self._check(self._held())
+        npy = self.found.npy
+        if npy is not None and self.size != npy.offset + npy.nbytes:
+            raise ApiError(
+                422,
+                "invalid_spectrogram",
+                f"{self.size} bytes, but the .npy header describes {npy.offset + npy.nbytes}; "
+                f"the file is truncated; {SPECTROGRAM_FORMS}",
+            )
+        return self.found
+
+
+def _too_long(found: Head, max_audio_s: float) -> str:
+    limit = f"the limit is {max_audio_s:g} s"
+    if found.npy is not None:
+        frames = found.npy.frames
+        return (
+            f"the spectrogram has {frames} frames ({found.duration_s:g} s); {limit} "
+            f"({int(max_audio_s * FRAMES_PER_SECOND)} frames)"
+        )
+    return f"the {found.sniffed.format.upper()} header says {found.duration_s:.1f} s; {limit}"
 
 
 async def receive_upload(
-    request: Request, writer: ObjectWriter, max_bytes: int, max_frames: int
+    request: Request, writer: ObjectWriter, max_bytes: int, max_audio_s: float
 ) -> Upload:
     """Parse the multipart body: the `file` part goes to `writer`, small fields are returned.
 
-    Raises ApiError (413 too_large, 422 invalid_audio / invalid_spectrogram / invalid_request)
-    and aborts the storage upload on any failure.
+    The whole body is capped (the file's `max_bytes` + BODY_ALLOWANCE), with or without a
+    Content-Length, and so are the parts: each known field at most once, so at most
+    len(FORM_FIELDS) + 1 of them, each with at most MAX_PART_HEADERS headers of at most
+    MAX_PART_HEADER_BYTES. Raises ApiError (413 too_large, 422 invalid_audio /
+    invalid_spectrogram / invalid_request); on any failure the caller undoes what `writer`
+    stored (`ObjectWriter.abort`).
     """
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:
         raise ApiError(
             422, "invalid_request", "expected multipart/form-data with the audio in `file`"
         )
+    boundary = params[b"boundary"]
+    if not 0 < len(boundary) <= MAX_BOUNDARY:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"the multipart boundary must be 1 to {MAX_BOUNDARY} characters long",
+        )
+    limit = max_bytes + BODY_ALLOWANCE
     declared = int(request.headers.get("content-length") or 0)
-    if declared > max_bytes + 64 * 1024:  # room for the multipart framing and small fields
+    if declared > limit:
         raise ApiError(
             413, "too_large", f"the upload is {declared} bytes; the limit is {max_bytes}"
         )
 
     parts = _Parts()
-    parser = MultipartParser(params[b"boundary"], parts.callbacks())
+    parser = MultipartParser(
+        boundary,
+        parts.callbacks(),
+        max_header_count=MAX_PART_HEADERS,
+        max_header_size=MAX_PART_HEADER_BYTES,
+    )
     upload = Upload()
-    inspector = _Inspector(max_frames)
+    inspector = Inspector(max_bytes, max_audio_s)
     current: str | None = None
     value = bytearray()
     seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused
-    try:
-        async for chunk in request.stream():
-            parser.write(chunk)
-            for kind, data in parts.events:
-                if kind == "begin":
-                    (current, filename), value = data, bytearray()
-                    if current in seen:
-                        raise ApiError(
-                            422,
-                            "invalid_request",
-                            f"form field {current!r} was sent twice; send each field once "
-                            "(one `file` per job)",
-                        )
-                    seen.add(current)
-                    if current == "file":
-                        upload.filename = filename
-                    elif current not in FORM_FIELDS:
-                        known = ", ".join(sorted(FORM_FIELDS | {"file"}))
-                        raise ApiError(
-                            422,
-                            "invalid_request",
-                            f"unknown form field {current!r}; expected {known}",
-                        )
-                elif kind == "data" and current == "file":
-                    if inspector.size + len(data) > max_bytes:
-                        raise ApiError(
-                            413, "too_large", f"the file is over the limit of {max_bytes} bytes"
-                        )
-                    inspector.feed(data)
-                    await run_in_threadpool(writer.write, data)
-                elif kind == "data":
-                    value += data
-                    if len(value) > MAX_FIELD_BYTES:
-                        raise ApiError(
-                            422,
-                            "invalid_request",
-                            f"form field {current!r} is over {MAX_FIELD_BYTES} bytes",
-                        )
-                elif kind == "end" and current != "file" and current is not None:
-                    if text := value.decode("utf-8", "replace").strip():  # empty: omitted
-                        upload.fields[current] = text
-            parts.events.clear()
-        parser.finalize()
-        if "file" not in seen:
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
             raise ApiError(
-                422, "invalid_request", "no `file` part: send the audio as form field `file`"
+                413,
+                "too_large",
+                f"the request body is over {limit} bytes (the file's limit is {max_bytes})",
             )
-        upload.sniffed, upload.size = inspector.finish(), inspector.size
-        upload.frames = inspector.npy.frames if inspector.npy else None
-        await run_in_threadpool(writer.close)
-    except BaseException:
-        await run_in_threadpool(writer.abort)
-        raise
+        try:
+            parser.write(chunk)
+        except MultipartParseError as e:
+            raise ApiError(422, "invalid_request", _malformed(e)) from e
+        for kind, data in parts.events:
+            if kind == "begin":
+                (current, filename), value = data, bytearray()
+                if current in seen:
+                    raise ApiError(
+                        422,
+                        "invalid_request",
+                        f"form field {current!r} was sent twice; send each field once "
+                        "(one `file` per job)",
+                    )
+                seen.add(current)
+                if current == "file":
+                    upload.filename = filename
+                elif current not in FORM_FIELDS:
+                    known = ", ".join(sorted(FORM_FIELDS | {"file"}))
+                    raise ApiError(
+                        422,
+                        "invalid_request",
+                        f"unknown form field {current!r}; expected {known}",
+                    )
+            elif kind == "data" and current == "file":
+                inspector.feed(data)
+                if writer.append(data):
+                    await run_in_threadpool(writer.flush)
+            elif kind == "data":
+                value += data
+                if len(value) > MAX_FIELD_BYTES:
+                    raise ApiError(
+                        422,
+                        "invalid_request",
+                        f"form field {current!r} is over {MAX_FIELD_BYTES} bytes",
+                    )
+            elif kind == "end" and current != "file" and current is not None:
+                if text := value.decode("utf-8", "replace").strip():  # empty: omitted
+                    upload.fields[current] = text
+        parts.events.clear()
+    if "file" not in seen:
+        raise ApiError(
+            422, "invalid_request", "no `file` part: send the audio as form field `file`"
+        )
+    if not parts.ended:
+        raise ApiError(
+            422,
+            "invalid_request",
+            "the multipart body ends before its closing boundary: the upload is cut short",
+        )
+    upload.head, upload.size = inspector.finish(), inspector.size
+    await run_in_threadpool(writer.close)
     return upload
 
 
-def _check_sniffed(head: bytes) -> Sniffed:
-    sniffed = sniff(head)
-    if not sniffed.supported:
-        found = f"a {sniffed.format.upper()} file" if sniffed.format else "not audio"
-        raise ApiError(422, "invalid_audio", f"the file is {found}; {EXPECTED}")
-    return sniffed
+def _malformed(e: MultipartParseError) -> str:
+    """What python-multipart found wrong with a body, in the API's words."""
+    if "header count" in str(e):
+        return f"a multipart part has more than {MAX_PART_HEADERS} headers"
+    if "header size" in str(e):
+        return f"a multipart part header is over {MAX_PART_HEADER_BYTES} bytes"
+    return "the multipart body does not follow the boundary its Content-Type names"

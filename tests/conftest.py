@@ -125,7 +125,7 @@ def settings(s3_endpoint, tmp_path_factory) -> Settings:
         s3_endpoint_url=s3_endpoint,
         s3_bucket=f"test-{uuid.uuid4().hex[:12]}",
         max_upload_bytes=2 * 1024 * 1024,
-        max_spectrogram_frames=6000,
+        max_audio_s=60,
     )
 
 

@@ -136,10 +136,12 @@ class Reconciler:
         stored: Callable[[JobRecord], float | None],
         stale_after_s: float,
         max_age_s: float,
+        sweep: Callable[[], None] = lambda: None,  # a turn of worker.orphans.OrphanSweeper
     ):
         """stored: the duration of a job's stored result, None if there is none."""
         self.store, self.leases, self.send, self.stored = store, leases, send, stored
         self.stale_after_s, self.max_age_s = stale_after_s, max_age_s
+        self.sweep = sweep
 
     def run_once(self) -> dict[str, int]:
         """Look at the active jobs not looked at for `stale_after_s`; counts of what was done."""
@@ -218,5 +220,6 @@ class Reconciler:
                     counts = self.run_once()
                     if any(counts.values()):
                         log.info("reconciler: %s", counts)
+                    self.sweep()
             except redis.RedisError as e:
                 log.warning("reconciler: Redis unavailable (%s); trying again", e)

@@ -6,7 +6,7 @@ as `whisperfleet worker`:
 - the default model loaded (and converted, the first time) before any message is taken;
 - the heartbeat that renews the lease of every job the process runs;
 - the reconciler that takes over the jobs of workers that died (and ends those whose result is
-  stored or whose age ran out);
+  stored or whose age ran out), and deletes job inputs no record claims (`worker.orphans`);
 - Prometheus metrics on `WHISPERFLEET_METRICS_PORT`;
 - a fault of the GPU itself ends the process (exit 70): its CUDA context cannot be trusted,
   a supervisor starts a new one, and the jobs in flight are taken over by lease.
@@ -26,6 +26,7 @@ from worker.contract.jobs import JobRecord
 from worker.contract.settings import get_settings
 from worker.execute import stored_result
 from worker.leases import Reconciler
+from worker.orphans import OrphanSweeper
 from worker.tasks import app, transcribe
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,11 @@ def _start(**_: object) -> None:
         stored,
         settings.stale_after_s,
         settings.max_job_age_s,
+        OrphanSweeper(transcribe.storage, transcribe.store, settings.orphan_sweep_s),
     )
-    metrics.serve(settings.metrics_port, transcribe.store, transcribe.leases.held)
+    metrics.serve(
+        settings.metrics_host, settings.metrics_port, transcribe.store, transcribe.leases.held
+    )
     threading.Thread(
         target=reconciler.loop, args=(settings.reconcile_every_s, _stop), daemon=True
     ).start()

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one worker process, served on `WHISPERFLEET_METRICS_PORT` (0: off).
+"""Prometheus metrics of one worker process, served on `WHISPERFLEET_METRICS_HOST` (127.0.0.1)
+and `WHISPERFLEET_METRICS_PORT` (0: off).
 
 Counters and histograms are updated where things happen; queue depths, the jobs not yet
 terminal, the jobs this worker runs and GPU memory are read when Prometheus scrapes.
@@ -64,13 +65,13 @@ class _Scraped(Collector):
             yield memory
 
 
-def serve(port: int, store: JobStore, held: set[str]) -> None:
+def serve(host: str, port: int, store: JobStore, held: set[str]) -> None:
     """held: the ids of the jobs whose lease this worker holds."""
     if not port:
         return
     REGISTRY.register(_Scraped(store, held))
     try:
-        start_http_server(port)
-        log.info("metrics on http://0.0.0.0:%d/metrics", port)
+        start_http_server(port, addr=host)
+        log.info("metrics on http://%s:%d/metrics", host, port)
     except OSError as e:  # another worker on this host has the port: run without
         log.warning("metrics: port %d unavailable (%s); not serving metrics", port, e)

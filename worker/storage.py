@@ -6,6 +6,9 @@ same job can never replace a stored result with a different one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import suppress
+
 import boto3
 from botocore.client import BaseClient
 from botocore.config import Config
@@ -28,8 +31,8 @@ class Storage:
             aws_secret_access_key=settings.s3_secret_access_key,
             config=Config(
                 retries={"max_attempts": 3, "mode": "standard"},
-                connect_timeout=5,
-                read_timeout=60,
+                connect_timeout=min(5.0, settings.s3_timeout_s),
+                read_timeout=settings.s3_timeout_s,
                 s3={"addressing_style": "path"},
             ),
         )
@@ -63,6 +66,14 @@ class Storage:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=key)
 
+    def pages(self, prefix: str) -> Iterator[list[str]]:
+        """The keys under `prefix`, a page (up to 1,000) at a time."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        )
+        for page in pages:
+            yield [o["Key"] for o in page.get("Contents", [])]
+
     def writer(self, key: str) -> ObjectWriter:
         return ObjectWriter(self, key)
 
@@ -76,14 +87,17 @@ class ObjectWriter:
         self.upload_id: str | None = None
         self.parts: list[dict] = []
         self.size = 0
+        self.closing = False  # close was called: the object may exist, even if close raised
 
-    def write(self, data: bytes) -> None:
+    def append(self, data: bytes) -> bool:
+        """Buffer `data`, without I/O (an event loop may call this); True when a part is full
+        and `flush` is due."""
         self.buffer += data
         self.size += len(data)
-        if len(self.buffer) >= PART_SIZE:
-            self._flush_part()
+        return len(self.buffer) >= PART_SIZE
 
-    def _flush_part(self) -> None:
+    def flush(self) -> None:
+        """Upload the buffer as the next part (blocking)."""
         client, bucket = self.storage.client, self.storage.bucket
         if self.upload_id is None:
             self.upload_id = client.create_multipart_upload(Bucket=bucket, Key=self.key)["UploadId"]
@@ -99,12 +113,13 @@ class ObjectWriter:
         self.buffer.clear()
 
     def close(self) -> None:
+        self.closing = True
         client, bucket = self.storage.client, self.storage.bucket
         if self.upload_id is None:
             client.put_object(Bucket=bucket, Key=self.key, Body=bytes(self.buffer))
             return
         if self.buffer:
-            self._flush_part()
+            self.flush()
         client.complete_multipart_upload(
             Bucket=bucket,
             Key=self.key,
@@ -113,7 +128,11 @@ class ObjectWriter:
         )
 
     def abort(self) -> None:
+        """Undo what this writer stored: its multipart upload, and the object once `close` was
+        called (a put that timed out may still have landed)."""
+        client, bucket = self.storage.client, self.storage.bucket
         if self.upload_id is not None:
-            self.storage.client.abort_multipart_upload(
-                Bucket=self.storage.bucket, Key=self.key, UploadId=self.upload_id
-            )
+            with suppress(client.exceptions.NoSuchUpload):  # a close completed it
+                client.abort_multipart_upload(Bucket=bucket, Key=self.key, UploadId=self.upload_id)
+        if self.closing:
+            client.delete_object(Bucket=bucket, Key=self.key)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
+from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -13,9 +14,10 @@ from api.schemas import JobPublic
 from api.upload import receive_upload
 from worker.contract.dispatch import dispatch
 from worker.contract.formats import WRITERS
-from worker.contract.jobs import JobError, JobInput, JobRecord, JobStatus, input_key, new_job_id
-from worker.contract.options import JobCreate, OptionError
+from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, input_key, new_job_id
+from worker.contract.options import JobCreate
 from worker.contract.results import TranscriptResult
+from worker.storage import ObjectWriter
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -77,38 +79,50 @@ async def create_job(
     `invalid_spectrogram`).
     """
     job_id = new_job_id()
-    key = input_key(tenant, job_id)
-    upload = await receive_upload(
-        request, storage.writer(key), settings.max_upload_bytes, settings.max_spectrogram_frames
-    )
+    writer, record = storage.writer(input_key(tenant, job_id)), None
+    await run_in_threadpool(store.redis.ping)  # Redis away: 503 before a byte is stored
     try:
-        job = JobCreate.parse(upload.fields).resolve(settings, upload.sniffed.kind)
-    except OptionError as e:
-        await run_in_threadpool(storage.delete, key)
-        raise ApiError(422, e.code, str(e)) from e
-    record = JobRecord(
-        id=job_id,
-        tenant=tenant,
-        model=job.model,
-        options=job.options,
-        priority=job.priority,
-        input=JobInput(
-            kind=job.input,
-            bytes=upload.size,
-            filename=upload.filename,
-            format=upload.sniffed.format,
-            frames=upload.frames,
-        ),
-    )
-    await run_in_threadpool(store.create, record)
-    try:
+        upload = await receive_upload(
+            request, writer, settings.max_upload_bytes, settings.max_audio_s
+        )
+        head = upload.head
+        job = JobCreate.parse(upload.fields).resolve(settings, head.sniffed.kind)
+        record = JobRecord(
+            id=job_id,
+            tenant=tenant,
+            model=job.model,
+            options=job.options,
+            priority=job.priority,
+            input=JobInput(
+                kind=job.input,
+                bytes=upload.size,
+                filename=upload.filename,
+                format=head.sniffed.format,
+                frames=head.npy.frames if head.npy else None,
+            ),
+        )
+        await run_in_threadpool(store.create, record)
         await run_in_threadpool(dispatch, queue, store, record)
-    except Exception as e:
-        log.exception("job %s could not be queued", job_id)
-        error = JobError(code="unavailable", message=f"the job could not be queued: {e}")
-        await run_in_threadpool(store.transition, job_id, JobStatus.failed, error=error)
-        raise ApiError(503, "unavailable", "the queue is unavailable; try again") from e
+    except BaseException:
+        await run_in_threadpool(_withdraw, job_id, writer, store if record else None)
+        raise
     return JobPublic.from_record(record)
+
+
+def _withdraw(job_id: str, writer: ObjectWriter, store: JobStore | None) -> None:
+    """Undo a submission that was refused or failed halfway, best effort: its record if one
+    may have been written (a message already sent for it is then dropped by the worker), and
+    whatever of its input was stored. What cannot be undone now, with Redis or storage away,
+    is left to the orphan sweeper (worker.orphans) or, for a record, to the worker, which
+    fails a job whose input is gone."""
+    steps = [("input", writer.abort)]
+    if store is not None:  # first: a job without its record is never run
+        steps.insert(0, ("record", partial(store.delete, job_id)))
+    for what, undo in steps:
+        try:
+            undo()
+        except Exception as e:
+            log.warning("job %s: its %s could not be withdrawn: %s", job_id, what, e)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)

@@ -140,6 +140,22 @@ class JobStore:
         if not created:
             raise TransitionError(f"job {record.id} already exists")
 
+    def delete(self, job_id: str) -> None:
+        """Forget a job that was never accepted (its submission failed halfway): a message
+        already sent for it is dropped by the worker, which finds no record."""
+        with self.redis.pipeline() as pipe:
+            pipe.delete(self._key(job_id))
+            pipe.zrem(self.active, job_id)
+            pipe.hdel(self.sent, job_id)
+            pipe.execute()
+
+    def exist(self, job_ids: list[str]) -> list[bool]:
+        """Whether each job has a record, in one round trip."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.exists(self._key(job_id))
+            return [bool(n) for n in pipe.execute()]
+
     def mark_sent(self, job_id: str) -> None:
         self.redis.hset(self.sent, job_id, time.time())
 

@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+FRAMES_PER_SECOND = 100  # log-mel frames a second of audio (Whisper's hop: 160 samples at 16 kHz)
+
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "whisperfleet"
@@ -32,6 +34,9 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_access_key_id: str = "whisperfleet"
     s3_secret_access_key: str = "whisperfleet"
+    # how long one storage call waits for an answer (boto tries 3 times) before the API
+    # answers 503 `unavailable` or the worker retries the job
+    s3_timeout_s: float = Field(60.0, gt=0)
 
     # Models clients may ask for: "name" for the packaged weights (tiny.en, base) or
     # "name=source" where source is a local Hugging Face / CTranslate2 directory or a hub id.
@@ -40,7 +45,9 @@ class Settings(BaseSettings):
     )
     default_model: str = "tiny.en"
     max_upload_bytes: int = 200 * 1024 * 1024
-    max_spectrogram_frames: int = 4 * 3600 * 100  # 4 h of log-mel frames
+    # longest input, audio or spectrogram (4 h): refused with `too_long` by the API where the
+    # file's header says its length, by the worker as it decodes otherwise
+    max_audio_s: float = Field(4 * 3600.0, gt=0)
 
     # Worker: "auto" picks CUDA when present. Threads in flight per worker process.
     device: str = "auto"
@@ -75,8 +82,13 @@ class Settings(BaseSettings):
     reconcile_every_s: float = 10.0
     stale_after_s: float = 60.0
     visibility_timeout_s: float = 3600.0
+    # Every orphan_sweep_s the reconciling worker deletes job inputs that no record claims at
+    # two sweeps in a row: what a submission that failed halfway could not delete itself.
+    orphan_sweep_s: float = Field(300.0, gt=0)
     # Prometheus metrics of each worker process (0: off); `worker --gpus` gives the process
-    # of the i-th GPU this port + i
+    # of the i-th GPU this port + i. Only on this host unless metrics_host says otherwise
+    # (0.0.0.0 inside a container, where Prometheus scrapes over the container network).
+    metrics_host: str = "127.0.0.1"
     metrics_port: int = 9108
     log_format: Literal["text", "json"] = "text"  # worker log lines; each names its job
     cache_dir: Path = Field(default_factory=_default_cache_dir)
@@ -108,6 +120,11 @@ class Settings(BaseSettings):
         if source.startswith("random:"):
             return False
         return name.endswith(".en") or source.rstrip("/").endswith(".en")
+
+    @property
+    def max_spectrogram_frames(self) -> int:
+        """`max_audio_s` in log-mel frames (100 a second): the engine's spectrogram limit."""
+        return int(self.max_audio_s * FRAMES_PER_SECOND)
 
     @property
     def redis_is_local(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.contract.options import InputKind
+from worker.contract.settings import FRAMES_PER_SECOND
 
 EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio, or a .npy spectrogram"
 
@@ -92,8 +93,14 @@ class NpyHeader:
         return self.shape[-1]
 
 
+NPY_HEADER_MAX = 10_000  # bytes before the data; numpy's reader refuses more, ours are 128
+_NPY_KEYS = {"descr", "fortran_order", "shape"}
+_MAX_DIM = 2**63  # numpy's dimensions are signed 64-bit
+
+
 def npy_header_length(head: bytes) -> int | None:
-    """Bytes up to the end of the .npy header, once the first 12 are known."""
+    """Bytes up to the end of the .npy header, once the first 12 are known: 10 + a 2-byte
+    length in version 1, 12 + a 4-byte length in versions 2 and 3."""
     if len(head) < 12:
         return None
     if head[6] == 1:
@@ -101,30 +108,121 @@ def npy_header_length(head: bytes) -> int | None:
     return 12 + int.from_bytes(head[8:12], "little")
 
 
-def parse_npy_header(head: bytes, max_frames: int) -> NpyHeader:
-    """Check a .npy header describes a spectrogram; `head` holds at least the whole header."""
+def _shown(value: object) -> str:
+    """A value from a client's header, as it wrote it, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def parse_npy_header(head: bytes) -> NpyHeader:
+    """Check a .npy header describes a spectrogram; `head` holds at least the whole header.
+
+    Strict where numpy is lenient, so that what passes here is what the worker reads: exactly
+    numpy's three keys, `shape` a tuple of plain ints (not bools, not floats), `fortran_order`
+    a bool; the length is capped before the header is parsed."""
     import ast
 
+    cut_short = SpectrogramHeaderError(f"the .npy header is cut short; {SPECTROGRAM_FORMS}")
+    if len(head) < 12:
+        raise cut_short
+    if head[:6] != b"\x93NUMPY" or head[6] not in (1, 2, 3):
+        raise SpectrogramHeaderError(f"not a .npy file of version 1, 2 or 3; {SPECTROGRAM_FORMS}")
     length = npy_header_length(head)
-    if head[:6] != b"\x93NUMPY" or length is None or len(head) < length:
-        raise SpectrogramHeaderError(f"not a complete .npy header; {SPECTROGRAM_FORMS}")
+    if length > NPY_HEADER_MAX:
+        raise SpectrogramHeaderError(
+            f"a .npy header of {length} bytes; at most {NPY_HEADER_MAX}; {SPECTROGRAM_FORMS}"
+        )
+    if len(head) < length:
+        raise cut_short
     try:
         fields = ast.literal_eval(head[10 if head[6] == 1 else 12 : length].decode("latin1"))
-        dtype, shape, fortran = fields["descr"], tuple(fields["shape"]), fields["fortran_order"]
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
-        raise SpectrogramHeaderError(f"unreadable .npy header ({e}); {SPECTROGRAM_FORMS}") from e
-    if dtype not in _EXPONENT:
-        raise SpectrogramHeaderError(f"dtype {dtype}; {SPECTROGRAM_FORMS}")
+    # MemoryError and RecursionError: how Python's parser refuses deep nesting ("-" * 5000)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+        raise SpectrogramHeaderError(
+            f"the .npy header is not a Python literal; {SPECTROGRAM_FORMS}"
+        ) from e
+    if not isinstance(fields, dict) or set(fields) != _NPY_KEYS:
+        raise SpectrogramHeaderError(
+            f"the .npy header is not a dict of descr, fortran_order and shape; {SPECTROGRAM_FORMS}"
+        )
+    dtype, shape, fortran = fields["descr"], fields["shape"], fields["fortran_order"]
+    if not isinstance(dtype, str) or dtype not in _EXPONENT:
+        raise SpectrogramHeaderError(f"dtype {_shown(dtype)}; {SPECTROGRAM_FORMS}")
+    if type(fortran) is not bool:
+        raise SpectrogramHeaderError(f"fortran_order {_shown(fortran)}: expected True or False")
     if fortran:
         raise SpectrogramHeaderError(f"a Fortran-ordered array; {SPECTROGRAM_FORMS} (C order)")
+    if type(shape) is not tuple or not all(type(d) is int and 0 <= d < _MAX_DIM for d in shape):
+        raise SpectrogramHeaderError(
+            f"shape {_shown(shape)}: expected a tuple of whole numbers from 0 to 2**63 - 1; "
+            f"{SPECTROGRAM_FORMS}"
+        )
     core = shape[1:] if len(shape) == 3 and shape[0] == 1 else shape
     if len(core) != 2 or core[0] not in (80, 128) or core[1] < 3000:
-        raise SpectrogramHeaderError(f"shape {list(shape)}; {SPECTROGRAM_FORMS}")
-    if core[1] > max_frames:
-        raise SpectrogramHeaderError(
-            f"{core[1]} frames; the limit is {max_frames} frames; {SPECTROGRAM_FORMS}"
-        )
+        raise SpectrogramHeaderError(f"shape {_shown(list(shape))}; {SPECTROGRAM_FORMS}")
     return NpyHeader(dtype, shape, length)
+
+
+# --- What the first bytes of an upload say ----------------------------------------------------
+
+HEAD_BYTES = 64 * 1024  # the most of an upload held to read its header
+# a WAV `data` size that says nothing: 0, or what ffmpeg (0xFFFFFFFF) and SoX (0x7FFFF000) write
+# where they cannot seek back to fill it in (a pipe)
+_WAV_UNKNOWN = 0x7FFFF000
+
+
+@dataclass(frozen=True)
+class Head:
+    sniffed: Sniffed
+    npy: NpyHeader | None = None
+    duration_s: float | None = None  # the length the header declares, where it declares one
+
+
+def read_head(head: bytes, complete: bool) -> Head | int:
+    """What `head`, the first bytes of an upload, says about it; or, while it cannot tell yet,
+    how many bytes it needs. `complete`: no more will come (`head` is the whole file, or
+    HEAD_BYTES of it), so tell now. Headers only, nothing decoded: a .npy's shape, a WAV's
+    `fmt ` and `data` chunks, a FLAC's STREAMINFO. Raises SpectrogramHeaderError for a bad .npy
+    header."""
+    if len(head) < 12 and not complete:
+        return 12
+    sniffed = sniff(head)
+    if sniffed.format == "npy":
+        length = npy_header_length(head)
+        if length is not None and len(head) < length <= NPY_HEADER_MAX and not complete:
+            return length
+        npy = parse_npy_header(head)
+        return Head(sniffed, npy, npy.frames / FRAMES_PER_SECOND)
+    if sniffed.format == "wav":
+        return _wav(head, complete, sniffed)
+    if sniffed.format == "flac":
+        if len(head) < 26:
+            return Head(sniffed) if complete else 26
+        # the first block is STREAMINFO (type 0, 34 bytes); from its 10th byte: 20 bits of
+        # sample rate, 3 of channels, 5 of bits per sample, 36 of samples (0: not known)
+        if head[4] & 0x7F != 0 or int.from_bytes(head[5:8], "big") != 34:
+            return Head(sniffed)
+        bits = int.from_bytes(head[18:26], "big")
+        rate, samples = bits >> 44, bits & (2**36 - 1)
+        return Head(sniffed, duration_s=samples / rate if rate and samples else None)
+    return Head(sniffed)
+
+
+def _wav(head: bytes, complete: bool, sniffed: Sniffed) -> Head | int:
+    """A RIFF WAVE's length from its `fmt ` chunk's byte rate and its `data` chunk's size."""
+    at, byte_rate = 12, 0
+    while True:
+        if len(head) < at + 8:
+            return Head(sniffed) if complete else at + 8
+        chunk, size = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        if chunk == b"fmt ":
+            if len(head) < at + 20:
+                return Head(sniffed) if complete else at + 20
+            byte_rate = int.from_bytes(head[at + 16 : at + 20], "little")
+        elif chunk == b"data":
+            known = byte_rate and 0 < size < _WAV_UNKNOWN
+            return Head(sniffed, duration_s=size / byte_rate if known else None)
+        at += 8 + size + size % 2
 
 
 def all_finite(data: bytes, dtype: str) -> bool:
