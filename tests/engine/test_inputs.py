@@ -5,11 +5,12 @@ import re
 
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from transformers import WhisperFeatureExtractor
 
 from engine import TranscriptionOptions
-from engine.audio import decode_audio
+from engine.audio import Audio, decode_audio, resample
 from engine.inputs import SpectrogramError, audio_sources, spectrogram_source
 from tests.conftest import transcribe
 
@@ -88,6 +89,18 @@ def test_clips_opened_together_equal_each_opened_alone(clips):
         np.concatenate([extractor_features(items[i]) for i in short]),
         atol=1e-3,
     )
+
+
+@pytest.mark.parametrize("rate", [8000, 44100, 48001])
+def test_resampled_audio_gets_the_extractors_log_mel_and_the_same_words(tiny_en, clips, rate):
+    """A clip stored at another rate: its log-mel is the extractor's on the samples it
+    resamples to, and the transcript keeps the words."""
+    buf = io.BytesIO()
+    sf.write(buf, resample(decode_audio(clips["en_jfk"].bytes), 16000, rate), rate, format="WAV")
+    audio = Audio(buf.getvalue())
+    [source] = audio_sources([audio], 80, CPU)
+    np.testing.assert_allclose(source.window(0), extractor_features(audio.decode())[0], atol=1e-3)
+    assert "ask not what your country can do for you" in transcribe(tiny_en, buf.getvalue()).text
 
 
 def valid() -> np.ndarray:
