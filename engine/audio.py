@@ -35,6 +35,18 @@ class AudioError(ValueError):
     """The bytes are not audio the engine can decode; the message says why."""
 
 
+class InputTooLong(ValueError):
+    """Audio or a spectrogram longer than the engine takes (`EngineConfig.max_audio_s`).
+
+    Each kind also has its own error type (`AudioTooLong` is an `AudioError`,
+    `engine.inputs.SpectrogramTooLong` a `SpectrogramError`), so a caller that tells the kinds
+    apart still catches it; one that tells "too long" apart catches this."""
+
+
+class AudioTooLong(InputTooLong, AudioError):
+    """Audio longer than the limit: declared so by the file, or found so while decoding."""
+
+
 @dataclass(frozen=True)
 class AudioInfo:
     format: str  # container: WAV, FLAC, OGG, MP3 (libsndfile) or FFmpeg's name (PyAV)
