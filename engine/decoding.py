@@ -22,6 +22,9 @@ from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
 PROMPT_BASE = 4  # <|startoftranscript|> language task <|notimestamps|>: the longest start
+# A row still decoding whose last REPEAT_RUN tokens equal the REPEAT_RUN tokens p before them
+# (1 <= p <= REPEAT_PERIOD) repeats itself: the host checks its text so far (`SlotState.rows`).
+REPEAT_RUN, REPEAT_PERIOD = 8, 32
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class WindowTask:
     timestamps: bool = True  # predict segment timestamps (else <|notimestamps|>)
     min_tokens: int = 0  # no end-of-text before this many tokens (fixed work for benchmarks)
     max_tokens: int | None = None  # at most this many (default: the rules' sample_len)
+    # end the window as soon as its text so far compresses better than this (it repeats
+    # itself): it has failed the fallback's compression check, and decoding on to the token
+    # limit would only repeat more (issue 12). None: decode to the end.
+    max_compression_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,7 @@ class FinishedRow:
     tokens: list[int]  # sampled, up to the end-of-text (excluded)
     sum_logprob: float  # of every sampled token, end-of-text included
     no_speech_prob: float
+    finished: bool = True  # False: still decoding, read because it repeats itself
 
 
 @dataclass
@@ -360,18 +368,35 @@ class SlotState:
         self.token[:b] = chosen
         self.position[:b] = (self.position[:b] + 1).clamp(max=max_position)
 
-    def finished_rows(self, n: int, eot: int) -> list[FinishedRow]:
-        """Rows among [:n] that finished, read back (this waits for the GPU)."""
-        done = self.finished[:n].nonzero()[:, 0]
+    def repeating(self, n: int) -> Tensor:
+        """Rows among [:n] whose last REPEAT_RUN tokens equal the REPEAT_RUN tokens p before
+        them, for some period p up to REPEAT_PERIOD (shape (n,), bool; no host sync)."""
+        device = self.sampled.device
+        count = self.n_sampled[:n, None]
+        tail = count - torch.arange(1, REPEAT_RUN + 1, device=device)  # (n, run)
+        period = torch.arange(1, REPEAT_PERIOD + 1, device=device)[:, None]  # (periods, 1)
+        before = tail[:, None, :] - period  # (n, periods, run)
+        sampled = self.sampled[:n]
+        now = sampled.gather(1, tail.clamp(min=0))[:, None, :]
+        then = sampled.gather(1, before.clamp(min=0).flatten(1)).view(before.shape)
+        return ((now == then).all(dim=-1) & (before[..., -1] >= 0)).any(dim=-1)
+
+    def rows(self, n: int, eot: int, also: Tensor | None = None) -> list[FinishedRow]:
+        """Rows among [:n] that finished, and those `also` marks, read back (this waits for
+        the GPU): a row still decoding comes with its tokens so far and `finished` False."""
+        finished = self.finished[:n]
+        done = (finished if also is None else finished | also).nonzero()[:, 0]
         if len(done) == 0:
             return []
         rows, counts = done.tolist(), self.n_sampled[done].tolist()
-        sampled = self.sampled[done].tolist()
+        sampled, ended = self.sampled[done].tolist(), finished[done].tolist()
         sums, no_speech = self.sum_logprob[done].tolist(), self.no_speech[done].tolist()
         out = []
-        for slot, row, count, total, ns in zip(rows, sampled, counts, sums, no_speech, strict=True):
+        for slot, row, count, total, ns, end in zip(
+            rows, sampled, counts, sums, no_speech, ended, strict=True
+        ):
             tokens = row[:count]
             if eot in tokens:
                 tokens = tokens[: tokens.index(eot)]
-            out.append(FinishedRow(slot, tokens, total, ns))
+            out.append(FinishedRow(slot, tokens, total, ns, end))
         return out

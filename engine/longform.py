@@ -105,6 +105,7 @@ class Request:
             timestamps=self.options.timestamps,
             min_tokens=self.options.min_tokens,
             max_tokens=self.options.sample_len,
+            max_compression_ratio=self.options.compression_ratio_threshold,
         )
 
     def prompt(self, window: Window) -> list[int]:

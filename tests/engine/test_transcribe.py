@@ -1,4 +1,5 @@
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -224,3 +225,16 @@ def test_an_engine_config_refuses_values_it_does_not_know():
     for field, value in (("dtype", "fp64"), ("cross_kv", "int4"), ("kernels", "cuda")):
         with pytest.raises(ValueError, match=f"{field} '{value}': expected one of"):
             EngineConfig(**{field: value})
+
+
+def test_a_window_ended_for_repeating_itself_follows_the_fallback_rule(tiny_en, clips):
+    """When every temperature fails, the last try is kept, as openai-whisper keeps it: here
+    cut where its text passed the compression threshold. Without a threshold nothing is cut."""
+    clip = decode_audio(clips["en_jfk"].bytes)[:24000]
+    looping = TranscriptionOptions(initial_prompt="ha " * 333, temperature=(0.0,), sample_len=40)
+    kept = transcribe(tiny_en, clip, looping)
+    [segment] = kept.segments
+    assert kept.text == " ".join(["ha"] * 11) and len(segment.tokens) == 12
+    assert 2.4 < segment.compression_ratio == compression_ratio(kept.text) < 2.5
+    unchecked = replace(looping, compression_ratio_threshold=None)
+    assert len(transcribe(tiny_en, clip, unchecked).segments[0].tokens) == 40
