@@ -370,7 +370,9 @@ class SlotState:
 
     def repeating(self, n: int) -> Tensor:
         """Rows among [:n] whose last REPEAT_RUN tokens equal the REPEAT_RUN tokens p before
-        them, for some period p up to REPEAT_PERIOD (shape (n,), bool; no host sync)."""
+        them, for some period p up to REPEAT_PERIOD (shape (n,), bool; no host sync). Rows
+        held to `min_tokens` are left out until they have them: benchmarks decode a fixed
+        length of random-weight output, often repetitive, and that work must not change."""
         device = self.sampled.device
         count = self.n_sampled[:n, None]
         tail = count - torch.arange(1, REPEAT_RUN + 1, device=device)  # (n, run)
@@ -379,7 +381,8 @@ class SlotState:
         sampled = self.sampled[:n]
         now = sampled.gather(1, tail.clamp(min=0))[:, None, :]
         then = sampled.gather(1, before.clamp(min=0).flatten(1)).view(before.shape)
-        return ((now == then).all(dim=-1) & (before[..., -1] >= 0)).any(dim=-1)
+        repeats = ((now == then).all(dim=-1) & (before[..., -1] >= 0)).any(dim=-1)
+        return repeats & (self.n_sampled[:n] >= self.min_tokens[:n])
 
     def rows(self, n: int, eot: int, also: Tensor | None = None) -> list[FinishedRow]:
         """Rows among [:n] that finished, and those `also` marks, read back (this waits for

@@ -260,7 +260,8 @@ def test_a_repetitive_prompt_costs_a_few_times_the_plain_clip(tiny_en, clips, de
 
 def test_a_window_ended_for_repeating_itself_follows_the_fallback_rule(tiny_en, clips):
     """When every temperature fails, the last try is kept, as openai-whisper keeps it: here
-    cut where its text passed the compression threshold. Without a threshold nothing is cut."""
+    cut where its text passed the compression threshold. Without a threshold nothing is cut,
+    nor before `min_tokens` (the fixed work of benchmarks)."""
     clip = decode_audio(clips["en_jfk"].bytes)[:24000]
     looping = TranscriptionOptions(initial_prompt="ha " * 333, temperature=(0.0,), sample_len=40)
     kept = transcribe(tiny_en, clip, looping)
@@ -269,3 +270,5 @@ def test_a_window_ended_for_repeating_itself_follows_the_fallback_rule(tiny_en, 
     assert 2.4 < segment.compression_ratio == compression_ratio(kept.text) < 2.5
     unchecked = replace(looping, compression_ratio_threshold=None)
     assert len(transcribe(tiny_en, clip, unchecked).segments[0].tokens) == 40
+    held = replace(looping, min_tokens=30)
+    assert len(transcribe(tiny_en, clip, held).segments[0].tokens) == 30
