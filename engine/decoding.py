@@ -373,15 +373,14 @@ class SlotState:
         them, for some period p up to REPEAT_PERIOD (shape (n,), bool; no host sync). Rows
         held to `min_tokens` are left out until they have them: benchmarks decode a fixed
         length of random-weight output, often repetitive, and that work must not change."""
-        device = self.sampled.device
-        count = self.n_sampled[:n, None]
-        tail = count - torch.arange(1, REPEAT_RUN + 1, device=device)  # (n, run)
-        period = torch.arange(1, REPEAT_PERIOD + 1, device=device)[:, None]  # (periods, 1)
-        before = tail[:, None, :] - period  # (n, periods, run)
-        sampled = self.sampled[:n]
-        now = sampled.gather(1, tail.clamp(min=0))[:, None, :]
-        then = sampled.gather(1, before.clamp(min=0).flatten(1)).view(before.shape)
-        repeats = ((now == then).all(dim=-1) & (before[..., -1] >= 0)).any(dim=-1)
+        run, periods = REPEAT_RUN, REPEAT_PERIOD
+        start = self.n_sampled[:n, None] - (run + periods)  # (n, 1)
+        offsets = torch.arange(run + periods, device=self.sampled.device)
+        last = self.sampled[:n].gather(1, (start + offsets).clamp(min=0))  # the last run + periods
+        # its run-long windows: the last is the tail, the j-th starts periods - j before it
+        views = last.unfold(1, run, 1)  # (n, periods + 1, run)
+        same = (views[:, :periods] == views[:, periods:]).all(dim=-1)  # (n, periods)
+        repeats = (same & (start + offsets[:periods] >= 0)).any(dim=-1)
         return repeats & (self.n_sampled[:n] >= self.min_tokens[:n])
 
     def rows(self, n: int, eot: int, also: Tensor | None = None) -> list[FinishedRow]:
