@@ -4,7 +4,7 @@ The front door is `Engine.open(EngineConfig(...))`, which returns the `Stream` t
 model: `submit` inputs, `step` while `busy`, `abort` one; or `transcribe` a list at once.
 """
 
-from engine.audio import AudioError
+from engine.audio import AudioError, InputTooLong
 from engine.decoding import DecodingRules
 from engine.engine import Engine, EngineConfig
 from engine.inputs import SpectrogramError
@@ -18,6 +18,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "Finished",
+    "InputTooLong",
     "OptionsError",
     "Segment",
     "SpectrogramError",

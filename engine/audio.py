@@ -6,22 +6,26 @@ two-hour recording never sits in memory decoded: `Audio.blocks()` can be iterate
 needed (the log-mel takes two passes over long audio). libsndfile quietly returns part of a
 truncated WAV, OGG or MP3; those cases are checked here, because a transcript of half a file
 must not pass for the transcript of the file.
+
+Other rates are resampled by FFmpeg's libswresample (through PyAV), as openai-whisper
+(`ffmpeg -ar 16000`) and faster-whisper (PyAV) resample: the model hears what it hears there.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import av
 import numpy as np
 import soundfile as sf
-import torch
-import torch.nn.functional as F
 
 SAMPLE_RATE = 16000
+# Sample rates accepted: telephone (8 kHz) up to studio (384 kHz). Outside, a file is far more
+# likely a mistake or an attack than speech (a 7 KB WAV at 1 Hz declares two hours).
+MIN_RATE, MAX_RATE = 8000, 384000
 EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio"
 BLOCK_SECONDS = 30
 _AV_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2": "MP4", "matroska,webm": "WebM", "aac": "AAC"}
@@ -29,6 +33,18 @@ _AV_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2": "MP4", "matroska,webm": "WebM", "aac":
 
 class AudioError(ValueError):
     """The bytes are not audio the engine can decode; the message says why."""
+
+
+class InputTooLong(ValueError):
+    """Audio or a spectrogram longer than the engine takes (`EngineConfig.max_audio_s`).
+
+    Each kind also has its own error type (`AudioTooLong` is an `AudioError`,
+    `engine.inputs.SpectrogramTooLong` a `SpectrogramError`), so a caller that tells the kinds
+    apart still catches it; one that tells "too long" apart catches this."""
+
+
+class AudioTooLong(InputTooLong, AudioError):
+    """Audio longer than the limit: declared so by the file, or found so while decoding."""
 
 
 @dataclass(frozen=True)
@@ -91,11 +107,14 @@ class Audio:
             raise AudioError("truncated OGG: the stream ends without its final page")
         if info.sample_rate <= 0 or info.channels <= 0:
             raise AudioError(f"the {info.format} file declares no sample rate or channels")
+        if not MIN_RATE <= info.sample_rate <= MAX_RATE:
+            raise AudioError(
+                f"the {info.format} file's sample rate is {info.sample_rate} Hz; "
+                f"expected {MIN_RATE} to {MAX_RATE} Hz"
+            )
         return backend, info
 
     def _probe_av(self) -> AudioInfo:
-        import av
-
         with av.open(io.BytesIO(self.data)) as container:
             if not container.streams.audio:
                 raise AudioError(
@@ -131,8 +150,6 @@ class Audio:
                     f"truncated {self.format}: {self.info.frames} frames declared, {read} decodable"
                 )
             return
-        import av
-
         read = 0
         try:
             with av.open(io.BytesIO(self.data)) as container:
@@ -153,13 +170,16 @@ class Audio:
             )
 
     def blocks(self, seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
-        """Mono float32 blocks at 16 kHz, about `seconds` long; the last may be shorter.
+        """Mono float32 blocks at 16 kHz of up to `seconds`; the last may be shorter, and so
+        are those of audio above 16 kHz (read 16 kHz's worth of samples at a time, so the
+        memory a block takes does not grow with the rate).
 
         Raises AudioError (truncation, corrupt data, NaN) when it is found, mid-stream.
         """
-        resampler = Resampler(self.info.sample_rate)
+        rate = self.info.sample_rate
+        resampler = Resampler(rate)
         empty = True
-        for x in self._source_blocks(max(1, round(seconds * self.info.sample_rate))):
+        for x in self._source_blocks(max(1, round(seconds * min(rate, SAMPLE_RATE)))):
             if not np.isfinite(x).all():
                 raise AudioError(f"the {self.format} file holds NaN or infinite samples")
             empty = empty and len(x) == 0
@@ -183,57 +203,39 @@ def decode_audio(data: bytes) -> np.ndarray:
 
 
 class Resampler:
-    """Band-limited (windowed-sinc, Hann) resampling of a stream, as torchaudio's default
-    `resample`: pushing a signal in pieces gives the same samples as resampling it whole."""
-
-    ZEROS = 6  # sinc lobes on each side
-    ROLLOFF = 0.99  # cut off just below Nyquist
+    """Resampling of a mono stream by libswresample: pushing a signal in pieces gives the same
+    samples as resampling it whole. Its filter keeps a bounded number of phases (1024), so its
+    memory does not depend on the rates; the windowed-sinc table it replaces held one row per
+    output phase, 16000 x rate entries for a rate sharing no factor with 16 kHz (issue 12: an
+    8 KB file at 4,001 Hz took 2.5 GB)."""
 
     def __init__(self, orig_rate: int, new_rate: int = SAMPLE_RATE):
-        g = math.gcd(orig_rate, new_rate)
-        self.orig, self.new = orig_rate // g, new_rate // g
-        self.identity = self.orig == self.new
-        cutoff = min(self.orig, self.new) * self.ROLLOFF
-        self.width = math.ceil(self.ZEROS * self.orig / cutoff)
-        idx = torch.arange(-self.width, self.width + self.orig, dtype=torch.float64) / self.orig
-        t = (torch.arange(0, -self.new, -1, dtype=torch.float64)[:, None] / self.new + idx) * cutoff
-        t = t.clamp(-self.ZEROS, self.ZEROS)
-        window = torch.cos(t * math.pi / self.ZEROS / 2) ** 2
-        t = t * math.pi
-        sinc = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t)
-        self.kernels = (sinc * window * cutoff / self.orig).float()[:, None]  # (new, 1, taps)
-        self.buffer = np.zeros(self.width, np.float32)  # left zero padding, then input
-        self.n_in = self.n_out = 0
-
-    def _run(self, final: bool) -> np.ndarray:
-        taps = self.kernels.shape[-1]
-        if len(self.buffer) < taps:
-            return np.zeros(0, np.float32)
-        n_frames = (len(self.buffer) - taps) // self.orig + 1
-        used = (n_frames - 1) * self.orig + taps
-        x = torch.from_numpy(self.buffer[:used])[None, None]
-        y = F.conv1d(x, self.kernels, stride=self.orig).transpose(1, 2).reshape(-1).numpy()
-        self.buffer = self.buffer[n_frames * self.orig :]
-        if final:
-            y = y[: math.ceil(self.new * self.n_in / self.orig) - self.n_out]
-        self.n_out += len(y)
-        return y
+        self.orig_rate = orig_rate
+        self._swr = (
+            None
+            if orig_rate == new_rate
+            else av.AudioResampler(format="flt", layout="mono", rate=new_rate)
+        )
 
     def push(self, x: np.ndarray) -> np.ndarray:
-        if self.identity:
-            return np.ascontiguousarray(x, dtype=np.float32)
-        self.n_in += len(x)
-        self.buffer = np.concatenate([self.buffer, x.astype(np.float32, copy=False)])
-        return self._run(final=False)
+        """Samples of shape (n,) in; the resampled samples ready so far out."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self._swr is None or not len(x):
+            return x
+        frame = av.AudioFrame.from_ndarray(x[None], format="flt", layout="mono")
+        frame.sample_rate = self.orig_rate
+        return self._convert(frame)
 
     def flush(self) -> np.ndarray:
-        if self.identity:
-            return np.zeros(0, np.float32)
-        self.buffer = np.concatenate([self.buffer, np.zeros(self.width + self.orig, np.float32)])
-        return self._run(final=True)
+        """The samples still held (the filter's delay) at the end of the stream."""
+        return np.zeros(0, np.float32) if self._swr is None else self._convert(None)
+
+    def _convert(self, frame: av.AudioFrame | None) -> np.ndarray:
+        out = [converted.to_ndarray()[0] for converted in self._swr.resample(frame)]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
 def resample(audio: np.ndarray, orig_rate: int, new_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Resample a whole signal: shape = (n,) -> (ceil(n * new / orig),)."""
+    """Resample a whole signal: shape = (n,) -> (about n * new / orig,)."""
     r = Resampler(orig_rate, new_rate)
     return np.concatenate([r.push(audio), r.flush()])

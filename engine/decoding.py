@@ -22,6 +22,9 @@ from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
 PROMPT_BASE = 4  # <|startoftranscript|> language task <|notimestamps|>: the longest start
+# A row still decoding whose last REPEAT_RUN tokens equal the REPEAT_RUN tokens p before them
+# (1 <= p <= REPEAT_PERIOD) repeats itself: the host checks its text so far (`SlotState.rows`).
+REPEAT_RUN, REPEAT_PERIOD = 8, 32
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class WindowTask:
     timestamps: bool = True  # predict segment timestamps (else <|notimestamps|>)
     min_tokens: int = 0  # no end-of-text before this many tokens (fixed work for benchmarks)
     max_tokens: int | None = None  # at most this many (default: the rules' sample_len)
+    # end the window as soon as its text so far compresses better than this (it repeats
+    # itself): it has failed the fallback's compression check, and decoding on to the token
+    # limit would only repeat more (issue 12). None: decode to the end.
+    max_compression_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,7 @@ class FinishedRow:
     tokens: list[int]  # sampled, up to the end-of-text (excluded)
     sum_logprob: float  # of every sampled token, end-of-text included
     no_speech_prob: float
+    finished: bool = True  # False: still decoding, read because it repeats itself
 
 
 @dataclass
@@ -360,18 +368,37 @@ class SlotState:
         self.token[:b] = chosen
         self.position[:b] = (self.position[:b] + 1).clamp(max=max_position)
 
-    def finished_rows(self, n: int, eot: int) -> list[FinishedRow]:
-        """Rows among [:n] that finished, read back (this waits for the GPU)."""
-        done = self.finished[:n].nonzero()[:, 0]
+    def repeating(self, n: int) -> Tensor:
+        """Rows among [:n] whose last REPEAT_RUN tokens equal the REPEAT_RUN tokens p before
+        them, for some period p up to REPEAT_PERIOD (shape (n,), bool; no host sync). Rows
+        held to `min_tokens` are left out until they have them: benchmarks decode a fixed
+        length of random-weight output, often repetitive, and that work must not change."""
+        run, periods = REPEAT_RUN, REPEAT_PERIOD
+        start = self.n_sampled[:n, None] - (run + periods)  # (n, 1)
+        offsets = torch.arange(run + periods, device=self.sampled.device)
+        last = self.sampled[:n].gather(1, (start + offsets).clamp(min=0))  # the last run + periods
+        # its run-long windows: the last is the tail, the j-th starts periods - j before it
+        views = last.unfold(1, run, 1)  # (n, periods + 1, run)
+        same = (views[:, :periods] == views[:, periods:]).all(dim=-1)  # (n, periods)
+        repeats = (same & (start + offsets[:periods] >= 0)).any(dim=-1)
+        return repeats & (self.n_sampled[:n] >= self.min_tokens[:n])
+
+    def rows(self, n: int, eot: int, also: Tensor | None = None) -> list[FinishedRow]:
+        """Rows among [:n] that finished, and those `also` marks, read back (this waits for
+        the GPU): a row still decoding comes with its tokens so far and `finished` False."""
+        finished = self.finished[:n]
+        done = (finished if also is None else finished | also).nonzero()[:, 0]
         if len(done) == 0:
             return []
         rows, counts = done.tolist(), self.n_sampled[done].tolist()
-        sampled = self.sampled[done].tolist()
+        sampled, ended = self.sampled[done].tolist(), finished[done].tolist()
         sums, no_speech = self.sum_logprob[done].tolist(), self.no_speech[done].tolist()
         out = []
-        for slot, row, count, total, ns in zip(rows, sampled, counts, sums, no_speech, strict=True):
+        for slot, row, count, total, ns, end in zip(
+            rows, sampled, counts, sums, no_speech, ended, strict=True
+        ):
             tokens = row[:count]
             if eot in tokens:
                 tokens = tokens[: tokens.index(eot)]
-            out.append(FinishedRow(slot, tokens, total, ns))
+            out.append(FinishedRow(slot, tokens, total, ns, end))
         return out

@@ -19,7 +19,7 @@ import torch
 from engine.audio import Audio
 from engine.decoding import PROMPT_BASE, DecodingRules
 from engine.inputs import (
-    MAX_SPECTROGRAM_FRAMES,
+    MAX_AUDIO_S,
     Prepared,
     SpectrogramError,
     open_audio,
@@ -73,7 +73,9 @@ class EngineConfig:
     graphs: bool | None = None
     kernels: Kernels = "auto"
 
-    max_spectrogram_frames: int = MAX_SPECTROGRAM_FRAMES  # longest spectrogram input
+    # the longest input in seconds, audio or spectrogram (100 frames a second): longer ones
+    # are refused (InputTooLong) before their work, audio as soon as decoding passes it
+    max_audio_s: float = MAX_AUDIO_S
     rules: DecodingRules = field(default_factory=DecodingRules)
 
     def __post_init__(self) -> None:
@@ -81,6 +83,8 @@ class EngineConfig:
             if getattr(self, name) not in get_args(allowed):
                 expected = ", ".join(get_args(allowed))
                 raise ValueError(f"{name} {getattr(self, name)!r}: expected one of {expected}")
+        if not self.max_audio_s > 0:
+            raise ValueError(f"max_audio_s {self.max_audio_s!r}: expected seconds above 0")
 
 
 class Engine:
@@ -146,18 +150,20 @@ class Engine:
 
     def prepare(self, item: Input) -> Prepared:
         """Validate and decode one input on the calling thread (CPU work: run many at once);
-        raises AudioError or SpectrogramError. Clips of up to 30 s come back as samples, to
-        get their log-mel together when they join a stream."""
+        raises AudioError or SpectrogramError (InputTooLong, a kind of both, past
+        `max_audio_s`). Clips of up to 30 s come back as samples, to get their log-mel together
+        when they join a stream."""
         m = self.loaded
         if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
             try:
                 item = np.load(io.BytesIO(item), allow_pickle=False)
             except ValueError as e:
                 raise SpectrogramError(f"not a readable .npy array ({e})") from e
+        max_s = self.config.max_audio_s
         if isinstance(item, np.ndarray) and item.ndim >= 2:
-            frames = self.config.max_spectrogram_frames
-            return spectrogram_source(item, m.dims.n_mels, m.device, frames)
-        return open_audio(Audio(item) if isinstance(item, bytes) else item, m.dims.n_mels, m.device)
+            return spectrogram_source(item, m.dims.n_mels, m.device, max_s)
+        audio = Audio(item) if isinstance(item, bytes) else item
+        return open_audio(audio, m.dims.n_mels, m.device, max_s)
 
     def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
         """Check options against the model and the stream's rules before any work."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from engine.audio import Audio
+from engine.audio import Audio, AudioTooLong, InputTooLong
 from engine.mel import (
     FRAMES_PER_SECOND,
     HOP_LENGTH,
@@ -26,13 +26,31 @@ from engine.mel import (
     stream_log10_mel,
 )
 
-# A spectrogram longer than this is refused (4 hours of frames).
-MAX_SPECTROGRAM_FRAMES = 4 * 3600 * FRAMES_PER_SECOND
+# Audio or a spectrogram longer than this is refused (issue 12: without a limit, a 7 KB WAV
+# at 1 Hz was two hours of work); `EngineConfig.max_audio_s`.
+MAX_AUDIO_S = 4 * 3600.0
 SPECTROGRAM_DTYPES = (np.float16, np.float32, np.float64)
 
 
 class SpectrogramError(ValueError):
     """An array that is not a Whisper log-mel spectrogram this model can take."""
+
+
+class SpectrogramTooLong(InputTooLong, SpectrogramError):
+    """A spectrogram with more frames than the limit allows (100 a second)."""
+
+
+def _within_limit(blocks: Iterator[np.ndarray], max_s: float, fmt: str) -> Iterator[np.ndarray]:
+    """The blocks of 16 kHz samples, refused as soon as they pass `max_s` seconds: a file
+    is never decoded further than the limit to find out it is too long."""
+    n = 0
+    for block in blocks:
+        n += len(block)
+        if n > max_s * SAMPLE_RATE:
+            raise AudioTooLong(
+                f"the {fmt} audio runs past {n / SAMPLE_RATE:.1f} s; expected at most {max_s:g} s"
+            )
+        yield block
 
 
 def _normalize(log10_mel: torch.Tensor, log10_max: float) -> torch.Tensor:
@@ -85,15 +103,16 @@ class _HeldMel(MelSource):
 
 
 class _StreamedMel(MelSource):
-    """Frames of long audio, computed as the seek advances."""
+    """Frames of long audio, computed as the seek advances. The first pass refuses audio
+    longer than `max_s` seconds as soon as it passes the limit."""
 
-    def __init__(self, audio: Audio, n_mels: int, device: torch.device):
+    def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float):
         self.n_mels = n_mels
         log10_max, n_frames, n_samples = -math.inf, 0, 0
 
         def counted(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
             nonlocal n_samples
-            for block in blocks:
+            for block in _within_limit(blocks, max_s, audio.format):
                 n_samples += len(block)
                 yield block
 
@@ -122,20 +141,33 @@ class _StreamedMel(MelSource):
         return _padded(self._held if self._start == seek else self._held[:, :0], self.floor)
 
 
-def open_audio(audio: Audio | np.ndarray, n_mels: int, device: torch.device) -> Prepared:
+def open_audio(
+    audio: Audio | np.ndarray, n_mels: int, device: torch.device, max_s: float = MAX_AUDIO_S
+) -> Prepared:
     """Decoded audio (or 16 kHz samples): the samples of up to 30 s, for `sources`, or a
     streamed source of longer audio (as the extractor with `truncation=False`). Which one is
-    found by decoding at most 30 s (files do not always say how long they are)."""
+    found by decoding at most 30 s (files do not always say how long they are). Audio longer
+    than `max_s` seconds is refused (AudioTooLong): from the length a file declares, else
+    while it is decoded."""
     if isinstance(audio, np.ndarray):
+        if len(audio) > max_s * SAMPLE_RATE:
+            seconds = len(audio) / SAMPLE_RATE
+            raise AudioTooLong(f"got {seconds:.1f} s of samples; expected at most {max_s:g} s")
         if len(audio) <= N_SAMPLES:
             return audio
-        return _StreamedMel(_SamplesAsAudio(audio), n_mels, device)
+        return _StreamedMel(_SamplesAsAudio(audio), n_mels, device, max_s)
+    info = audio.info
+    if info.frames and info.frames > max_s * info.sample_rate:
+        seconds = info.frames / info.sample_rate
+        raise AudioTooLong(
+            f"the {info.format} file declares {seconds:.1f} s; expected at most {max_s:g} s"
+        )
     blocks, n = [], 0
-    for block in audio.blocks():
+    for block in _within_limit(audio.blocks(), max_s, info.format):
         blocks.append(block)
         n += len(block)
         if n > N_SAMPLES:
-            return _StreamedMel(audio, n_mels, device)
+            return _StreamedMel(audio, n_mels, device, max_s)
     return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
 
@@ -175,6 +207,8 @@ def _to_device(clips: list[np.ndarray], device: torch.device) -> torch.Tensor:
 class _SamplesAsAudio:
     """Decoded samples offered as `Audio` blocks (for callers holding an array already)."""
 
+    format = "decoded"
+
     def __init__(self, samples: np.ndarray):
         self.samples = samples
 
@@ -184,18 +218,20 @@ class _SamplesAsAudio:
 
 
 def spectrogram_source(
-    array: np.ndarray, n_mels: int, device: torch.device, max_frames: int = MAX_SPECTROGRAM_FRAMES
+    array: np.ndarray, n_mels: int, device: torch.device, max_s: float = MAX_AUDIO_S
 ) -> MelSource:
     """A caller's log-mel spectrogram, validated, as windows.
 
     Accepted: float16/32/64, finite, shape (n_mels, 3000) or (1, n_mels, 3000) for one window
     (what `WhisperFeatureExtractor` returns for up to 30 s), or (n_mels, T) / (1, n_mels, T)
-    with 3000 < T <= max_frames for longer audio (`truncation=False`).
+    with T > 3000 for longer audio (`truncation=False`). Frames past `max_s` seconds (100 a
+    second) are refused as SpectrogramTooLong: from the shape, before the values are read.
     """
+    max_frames = int(max_s * FRAMES_PER_SECOND)
     forms = (
         f"expected a float16/32/64 array of shape [{n_mels}, 3000] or [1, {n_mels}, 3000] "
-        f"(one 30 s window), or [{n_mels}, T] / [1, {n_mels}, T] with 3000 < T <= "
-        f"{max_frames} (longer audio, WhisperFeatureExtractor with truncation=False)"
+        f"(one 30 s window), or [{n_mels}, T] / [1, {n_mels}, T] with T > 3000 (longer "
+        "audio, WhisperFeatureExtractor with truncation=False)"
     )
     if not isinstance(array, np.ndarray) or array.dtype not in SPECTROGRAM_DTYPES:
         kind = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
@@ -205,8 +241,10 @@ def spectrogram_source(
     if array.ndim != 2 or array.shape[0] != n_mels:
         raise SpectrogramError(f"got shape {list(array.shape)}; {forms}")
     n = array.shape[1]
-    if n < N_FRAMES or n > max_frames:
+    if n < N_FRAMES:
         raise SpectrogramError(f"got {n} frames; {forms}")
+    if n > max(N_FRAMES, max_frames):
+        raise _too_many_frames(n, max_s)
     if not np.isfinite(array).all():
         raise SpectrogramError(f"the spectrogram holds NaN or infinite values; {forms}")
     mel = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(device)
@@ -215,7 +253,17 @@ def spectrogram_source(
         return _HeldMel(mel, n, floor)
     # One window, padded by the extractor: the content ends where digital silence begins.
     loud = (mel > floor + 1e-3).any(dim=0).nonzero()
-    return _HeldMel(mel, int(loud[-1]) + 1 if len(loud) else 0, floor)
+    content = int(loud[-1]) + 1 if len(loud) else 0
+    if content > max_frames:  # a limit under 30 s
+        raise _too_many_frames(content, max_s)
+    return _HeldMel(mel, content, floor)
+
+
+def _too_many_frames(n: int, max_s: float) -> SpectrogramTooLong:
+    return SpectrogramTooLong(
+        f"got {n} frames ({n / FRAMES_PER_SECOND:g} s at 100 a second); expected at most "
+        f"{int(max_s * FRAMES_PER_SECOND)} frames ({max_s:g} s)"
+    )
 
 
 def _floor(mel: torch.Tensor) -> torch.Tensor:

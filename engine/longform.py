@@ -97,14 +97,20 @@ class Request:
             self.language, self.language_probability = guess.language, guess.probability
 
     def task(self, window: Window, temperature: float) -> WindowTask:
+        """How to decode `window` at `temperature`. Above `prompt_reset_on_temperature` the
+        window goes without its prompt (previous text, initial prompt), not only the windows
+        after it: the prompt that drove the cooler tries into repeating itself would drive this
+        one too (issue 12: "ha " * 333 as the initial prompt)."""
+        hot = temperature > self.options.prompt_reset_on_temperature
         return WindowTask(
             language=self.language or "en",
             task=self.options.task,
             temperature=temperature,
-            prompt=tuple(self.prompt(window)),
+            prompt=() if hot else tuple(self.prompt(window)),
             timestamps=self.options.timestamps,
             min_tokens=self.options.min_tokens,
             max_tokens=self.options.sample_len,
+            max_compression_ratio=self.options.compression_ratio_threshold,
         )
 
     def prompt(self, window: Window) -> list[int]:

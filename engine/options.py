@@ -31,7 +31,8 @@ class TranscriptionOptions:
     # context
     condition_on_previous_text: bool = True  # sequential: prompt each window with the text so far
     initial_prompt: str | None = None  # text given as if it preceded the audio
-    prompt_reset_on_temperature: float = 0.5  # drop the context after a window this hot
+    # a window tried hotter than this goes without the context, and so do the windows after it
+    prompt_reset_on_temperature: float = 0.5
 
     # length
     sample_len: int | None = None  # tokens a window at most; None: the stream's rules' limit

@@ -357,16 +357,29 @@ class Runner:
 
     @torch.inference_mode()
     def collect(self) -> list[DecodedWindow]:
-        """Wait for the launched steps; return the windows among them that finished."""
+        """Wait for the launched steps; return the windows among them that finished, and those
+        ended here because their text so far already fails their compression check.
+
+        That check bounds the work of a window caught repeating itself (issue 12: a prompt of
+        "ha " * 333 made every try decode 223 tokens of "ha"). It runs only at this look, where
+        the host waits anyway, and only for rows whose last tokens repeat (`repeating`, on the
+        device): the text so far, not the tail alone, must fail the threshold, as the whole
+        window's text does in openai-whisper's rule once a repetition has taken it over."""
         n, self._launched = self._launched, None
         if n is None:
             return []
-        live = self.slots.live
-        return [
-            DecodedWindow(
-                row.slot,
-                live[row.slot],
-                WindowResult.of(row, live[row.slot].task.temperature, self.tok),
-            )
-            for row in self.slots.state.finished_rows(n, self.tok.eot)
-        ]
+        live, state = self.slots.live, self.slots.state
+        checked = any(s.task.max_compression_ratio is not None for s in live[:n])
+        decoded, ended = [], []
+        for row in state.rows(n, self.tok.eot, state.repeating(n) if checked else None):
+            sequence = live[row.slot]
+            result = WindowResult.of(row, sequence.task.temperature, self.tok)
+            if not row.finished:
+                limit = sequence.task.max_compression_ratio
+                if limit is None or result.compression_ratio <= limit:
+                    continue  # repeating, not (yet) too much: it decodes on
+                ended.append(row.slot)
+            decoded.append(DecodedWindow(row.slot, sequence, result))
+        if ended:  # like any finished row, it feeds end-of-text until it leaves its slot
+            state.finished[torch.tensor(ended, device=state.finished.device)] = True
+        return decoded

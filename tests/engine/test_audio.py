@@ -160,10 +160,48 @@ def test_a_container_without_audio_is_refused():
 
 
 def test_streamed_resampling_equals_resampling_whole():
+    """Exactly: libswresample keeps its state between pieces, whatever their sizes."""
     signal = np.random.default_rng(0).standard_normal(44100 * 3).astype(np.float32)
     r = Resampler(44100)
     pieces = [r.push(signal[i : i + 7777]) for i in range(0, len(signal), 7777)] + [r.flush()]
-    np.testing.assert_allclose(np.concatenate(pieces), resample(signal, 44100), atol=1e-5)
+    np.testing.assert_array_equal(np.concatenate(pieces), resample(signal, 44100))
+
+
+RATES = """
+import io, resource, sys
+import numpy as np, soundfile as sf
+from engine.audio import Audio, AudioError
+
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for rate in map(int, sys.argv[1:]):
+    n = max(1, rate // 2)  # half a second
+    tone = 0.1 * np.sin(2 * np.pi * min(440, rate / 4) * np.arange(n) / rate)
+    buf = io.BytesIO()
+    sf.write(buf, tone.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    try:
+        outcome = len(Audio(buf.getvalue()).decode())
+    except AudioError as e:
+        outcome = str(e)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
+    print(rate, grown, outcome, sep="\t")
+"""
+
+
+def test_rates_from_8_to_384_khz_are_resampled_in_bounded_memory_the_rest_refused():
+    """Issue 12: a WAV at a rate sharing no factor with 16 kHz made the old resampler build a
+    table of 16000 x rate entries (2.5 GB at 4,001 Hz). Half a second at each rate, one
+    process: its peak memory (every rate's) grows by little."""
+    rates = [1, 4001, 8000, 11025, 22050, 44100, 48000, 48001, 96000, 384000, 384001]
+    lines = subprocess.run(
+        [sys.executable, "-c", RATES, *map(str, rates)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    for rate, line in zip(rates, lines, strict=True):
+        _, grown_mb, outcome = line.split("\t")
+        if 8000 <= rate <= 384000:
+            assert abs(int(outcome) - SAMPLE_RATE // 2) <= 1, (rate, outcome)
+        else:
+            assert f"sample rate is {rate} Hz; expected 8000 to 384000 Hz" in outcome
+        assert int(grown_mb) < 100, f"decoding at {rate} Hz grew the process by {grown_mb} MB"
 
 
 TWO_HOURS = """

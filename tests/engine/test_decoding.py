@@ -150,3 +150,31 @@ def test_split_segments(tok):
     no_pairs = [ts(tok, 0), *a, ts(tok, 4.0)]
     segments, advance = split_segments(no_pairs, tok, w)
     assert segments == [(10.0, 14.0, no_pairs)] and advance == 3000
+
+
+def test_rows_whose_last_tokens_repeat_are_marked_for_the_hosts_check():
+    from engine.decoding import REPEAT_RUN, SlotState
+
+    rows = {
+        "one token, 9 times": [5] * (REPEAT_RUN + 1),
+        "one token, 8 times: nothing before the run to compare": [5] * REPEAT_RUN,
+        "a 3-token phrase, 4 times": [1, 2, 3] * 4,
+        "a 32-token phrase, twice and a run": [*range(100, 132), *range(100, 108)],
+        "a 33-token phrase, twice and a run": [*range(100, 133), *range(100, 108)],
+        "no repetition": list(range(20)),
+        "a run, then something new": [5] * 20 + [6],
+    }
+    state = SlotState.allocate(len(rows), 64, eot=0, device=torch.device("cpu"))
+    for i, tokens in enumerate(rows.values()):
+        state.sampled[i, : len(tokens)] = torch.tensor(tokens)
+        state.n_sampled[i] = len(tokens)
+    marked = dict(zip(rows, state.repeating(len(rows)).tolist(), strict=True))
+    assert marked == {
+        "one token, 9 times": True,
+        "one token, 8 times: nothing before the run to compare": False,
+        "a 3-token phrase, 4 times": True,
+        "a 32-token phrase, twice and a run": True,
+        "a 33-token phrase, twice and a run": False,
+        "no repetition": False,
+        "a run, then something new": False,
+    }

@@ -1,17 +1,19 @@
 """Spectrogram input: validated, and equal to the audio it came from."""
 
+import dataclasses
 import io
 import re
 
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from transformers import WhisperFeatureExtractor
 
-from engine import TranscriptionOptions
-from engine.audio import decode_audio
-from engine.inputs import SpectrogramError, audio_sources, spectrogram_source
-from tests.conftest import transcribe
+from engine import AudioError, InputTooLong, SpectrogramError, TranscriptionOptions
+from engine.audio import Audio, decode_audio, resample
+from engine.inputs import audio_sources, open_audio, spectrogram_source
+from tests.conftest import open_stream, transcribe
 
 CPU = torch.device("cpu")
 
@@ -90,6 +92,18 @@ def test_clips_opened_together_equal_each_opened_alone(clips):
     )
 
 
+@pytest.mark.parametrize("rate", [8000, 44100, 48001])
+def test_resampled_audio_gets_the_extractors_log_mel_and_the_same_words(tiny_en, clips, rate):
+    """A clip stored at another rate: its log-mel is the extractor's on the samples it
+    resamples to, and the transcript keeps the words."""
+    buf = io.BytesIO()
+    sf.write(buf, resample(decode_audio(clips["en_jfk"].bytes), 16000, rate), rate, format="WAV")
+    audio = Audio(buf.getvalue())
+    [source] = audio_sources([audio], 80, CPU)
+    np.testing.assert_allclose(source.window(0), extractor_features(audio.decode())[0], atol=1e-3)
+    assert "ask not what your country can do for you" in transcribe(tiny_en, buf.getvalue()).text
+
+
 def valid() -> np.ndarray:
     return np.zeros((80, 3000), np.float32)
 
@@ -102,13 +116,12 @@ def valid() -> np.ndarray:
         (np.zeros((2, 80, 3000), np.float32), "shape [2, 80, 3000]"),
         (np.zeros(3000, np.float32), "shape [3000]"),
         (np.zeros((80, 3000), np.int16), "int16"),
-        (np.zeros((80, 5001), np.float32), "5001 frames"),
         ([[0.0] * 3000] * 80, "list"),
     ],
 )
 def test_malformed_spectrograms_are_refused_naming_the_accepted_forms(array, words):
     with pytest.raises(SpectrogramError, match=re.escape(words)) as e:
-        spectrogram_source(array, 80, CPU, max_frames=5000)
+        spectrogram_source(array, 80, CPU)
     assert "[80, 3000] or [1, 80, 3000]" in str(e.value)
 
 
@@ -133,3 +146,64 @@ def test_audio_and_spectrograms_share_one_batch(tiny_en, clips):
     together = tiny_en.transcribe(items)
     assert [tokens(r) for r in together] == [tokens(transcribe(tiny_en, i)) for i in items]
     assert tokens(together[1]) == tokens(transcribe(tiny_en, clips[names[1]].bytes))
+
+
+# The length limit (issue 12): one, in seconds, for audio and spectrograms (100 frames a second).
+
+
+@pytest.fixture(scope="module")
+def ten_seconds():
+    """tiny.en refusing inputs longer than 10 s."""
+    return open_stream("tiny.en", max_audio_s=10)
+
+
+def test_audio_longer_than_the_limit_is_refused_naming_both(ten_seconds, clips):
+    jfk = clips["en_jfk"]  # an 11 s FLAC: it says how long it is, so nothing is decoded
+    with pytest.raises(AudioError, match=r"declares 11\.0 s; expected at most 10 s") as e:
+        ten_seconds.prepare(jfk.bytes)
+    assert isinstance(e.value, InputTooLong)
+    with pytest.raises(InputTooLong, match=r"got 11\.0 s of samples; expected at most 10 s"):
+        ten_seconds.prepare(decode_audio(jfk.bytes))
+    assert len(ten_seconds.prepare(clips["en_ljspeech_LJ050-0131"].bytes)) == 122530  # 7.7 s
+
+
+def test_decoding_stops_as_soon_as_the_limit_is_passed(clips, monkeypatch):
+    """A file that does not declare its length is decoded only up to the limit."""
+    buf = io.BytesIO()
+    sf.write(buf, np.concatenate([decode_audio(clips["en_jfk"].bytes)] * 20), 16000, format="FLAC")
+    audio = Audio(buf.getvalue())  # 220 s
+    monkeypatch.setattr(audio, "info", dataclasses.replace(audio.info, frames=None))
+    decoded, blocks = [], audio.blocks
+    monkeypatch.setattr(audio, "blocks", lambda: (decoded.append(len(b)) or b for b in blocks()))
+    with pytest.raises(InputTooLong, match=r"runs past 60\.0 s; expected at most 45 s"):
+        open_audio(audio, 80, CPU, max_s=45)
+    assert sum(decoded) == 60 * 16000  # two 30 s blocks of 220 s
+
+
+def test_a_wav_at_1_hz_declaring_hours_is_refused_before_any_work():
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(7200, np.float32), 1, format="WAV", subtype="PCM_16")  # 2 h, 14 KB
+    with pytest.raises(AudioError, match="sample rate is 1 Hz; expected 8000 to 384000 Hz"):
+        Audio(buf.getvalue())
+
+
+def test_spectrograms_longer_than_the_limit_are_refused_from_their_shape(ten_seconds, clips):
+    with pytest.raises(SpectrogramError, match=r"got 5001 frames \(50\.01 s") as e:
+        spectrogram_source(np.zeros((80, 5001), np.float32), 80, CPU, max_s=50)
+    assert isinstance(e.value, InputTooLong) and "expected at most 5000 frames (50 s)" in str(
+        e.value
+    )
+    endless = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (80, 10**9), (0, 0))
+    with pytest.raises(InputTooLong, match="got 1000000000 frames"):  # never read
+        ten_seconds.prepare(endless)
+    # one window whose content (11 s of speech, then the extractor's padding) passes 10 s
+    with pytest.raises(InputTooLong, match=r"got 110\d frames \(11\.0\d s"):
+        ten_seconds.prepare(extractor_features(decode_audio(clips["en_jfk"].bytes)))
+
+
+def test_an_engine_config_refuses_a_limit_that_is_not_positive():
+    from engine import EngineConfig
+
+    for value in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=f"max_audio_s {value!r}: expected seconds above 0"):
+            EngineConfig(max_audio_s=value)

@@ -1,4 +1,5 @@
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -224,3 +225,50 @@ def test_an_engine_config_refuses_values_it_does_not_know():
     for field, value in (("dtype", "fp64"), ("cross_kv", "int4"), ("kernels", "cuda")):
         with pytest.raises(ValueError, match=f"{field} '{value}': expected one of"):
             EngineConfig(**{field: value})
+
+
+@pytest.fixture
+def decoded_tokens(monkeypatch):
+    """Tokens decoded in all, every try of every window (the work, not its wall time)."""
+    from engine.runner import Runner
+
+    collect, count = Runner.collect, {"tokens": 0}
+
+    def counting(self):
+        decoded = collect(self)
+        count["tokens"] += sum(len(d.result.tokens) for d in decoded)
+        return decoded
+
+    monkeypatch.setattr(Runner, "collect", counting)
+    return count
+
+
+def test_a_repetitive_prompt_costs_a_few_times_the_plain_clip(tiny_en, clips, decoded_tokens):
+    """Issue 12: with "ha " * 333 as the prompt every try of a 1.5 s clip decoded 223 tokens
+    of "ha" and the result was "ha ha ...". A try now ends once its text fails the compression
+    check (12 tokens), and the tries above 0.5 go without the prompt."""
+    clip = decode_audio(clips["en_jfk"].bytes)[:24000]
+    plain = transcribe(tiny_en, clip)
+    plain_tokens = decoded_tokens["tokens"]
+    decoded_tokens["tokens"] = 0
+    prompted = transcribe(tiny_en, clip, TranscriptionOptions(initial_prompt="ha " * 333))
+    assert decoded_tokens["tokens"] <= 8 * plain_tokens, (decoded_tokens, plain_tokens)
+    assert prompted.text.split()[:3] == plain.text.split()[:3] == ["And", "so", "my"]
+    assert "ha" not in prompted.text
+    assert [s.temperature for s in prompted.segments] == [0.6]  # 0, 0.2, 0.4 repeated "ha"
+
+
+def test_a_window_ended_for_repeating_itself_follows_the_fallback_rule(tiny_en, clips):
+    """When every temperature fails, the last try is kept, as openai-whisper keeps it: here
+    cut where its text passed the compression threshold. Without a threshold nothing is cut,
+    nor before `min_tokens` (the fixed work of benchmarks)."""
+    clip = decode_audio(clips["en_jfk"].bytes)[:24000]
+    looping = TranscriptionOptions(initial_prompt="ha " * 333, temperature=(0.0,), sample_len=40)
+    kept = transcribe(tiny_en, clip, looping)
+    [segment] = kept.segments
+    assert kept.text == " ".join(["ha"] * 11) and len(segment.tokens) == 12
+    assert 2.4 < segment.compression_ratio == compression_ratio(kept.text) < 2.5
+    unchecked = replace(looping, compression_ratio_threshold=None)
+    assert len(transcribe(tiny_en, clip, unchecked).segments[0].tokens) == 40
+    held = replace(looping, min_tokens=30)
+    assert len(transcribe(tiny_en, clip, held).segments[0].tokens) == 30
