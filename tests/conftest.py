@@ -138,6 +138,7 @@ def stack_env(s3_endpoint) -> dict[str, str]:
         "WHISPERFLEET_S3_ENDPOINT_URL": s3_endpoint,
         "WHISPERFLEET_S3_BUCKET": f"e2e-{uuid.uuid4().hex[:12]}",
         "WHISPERFLEET_MAX_UPLOAD_BYTES": str(4 * 1024 * 1024),
+        "WHISPERFLEET_MAX_AUDIO_S": "60",
         "WHISPERFLEET_DEVICE": "cpu",
         "WHISPERFLEET_METRICS_PORT": str(free_port()),
     }

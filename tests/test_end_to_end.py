@@ -249,3 +249,22 @@ def test_stack_command_serves_and_stops_everything_on_ctrl_c(clips, stack_env, t
     finally:
         stop(stack)
         log.close()
+
+
+def test_audio_longer_than_the_limit_fails_as_too_long(api_url, clips):
+    """An OGG file does not say its length up front, so the API lets it in; the worker stops
+    decoding it once it passes WHISPERFLEET_MAX_AUDIO_S (60 s here)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from engine.audio import decode_audio
+
+    url, worker = api_url
+    audio = np.tile(decode_audio(clips["en_jfk"].bytes), 7)  # 77 s
+    buf = io.BytesIO()
+    sf.write(buf, audio, 16000, format="OGG", subtype="VORBIS")
+    job = run_job(url, buf.getvalue(), "long.ogg")
+    assert job["status"] == "failed" and job["error"]["code"] == "too_long", job
+    assert "60" in job["error"]["message"] and worker.poll() is None

@@ -73,7 +73,7 @@ class Engines:
             slot_memory_bytes=s.slot_memory_bytes,
             cross_kv=s.cross_kv,
             kernels=s.kernels,
-            max_spectrogram_frames=s.max_spectrogram_frames,
+            max_audio_s=s.max_audio_s,
         )
 
     def _batcher(self, name: str) -> Batcher:

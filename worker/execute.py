@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import redis
 from botocore.exceptions import BotoCoreError, ClientError
 
-from engine import AudioError, OptionsError, SpectrogramError
+from engine import AudioError, InputTooLong, OptionsError, SpectrogramError
 from worker.batching import EngineFailed, Ticket
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobRecord, JobStore, Progress
@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # worth another try later; anything else fails the job
 TRANSIENT = (BotoCoreError, ClientError, redis.ConnectionError, redis.TimeoutError, EngineFailed)
 # input the worker cannot run: the job fails with this code and the error's message
-BAD_INPUT = {
+BAD_INPUT = {  # the first that matches: an input too long is invalid audio too
+    InputTooLong: "too_long",
     AudioError: "invalid_audio",
     SpectrogramError: "invalid_spectrogram",
     OptionsError: "invalid_option",

@@ -122,11 +122,6 @@ class Settings(BaseSettings):
         return name.endswith(".en") or source.rstrip("/").endswith(".en")
 
     @property
-    def max_spectrogram_frames(self) -> int:
-        """`max_audio_s` in log-mel frames (100 a second): the engine's spectrogram limit."""
-        return int(self.max_audio_s * FRAMES_PER_SECOND)
-
-    @property
     def redis_is_local(self) -> bool:
         return urlparse(self.redis_url).hostname in ("127.0.0.1", "localhost", "::1")
 
