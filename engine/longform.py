@@ -103,6 +103,8 @@ class Request:
             temperature=temperature,
             prompt=tuple(self.prompt(window)),
             timestamps=self.options.timestamps,
+            seed=self.options.seed,
+            seek=window.seek,
             min_tokens=self.options.min_tokens,
             max_tokens=self.options.sample_len,
         )
