@@ -182,6 +182,7 @@ def _eval(args: argparse.Namespace) -> int:
         _engine(args, dtype=args.dtype),
         reference=not args.no_reference,
         progress=lambda items: tqdm(items, unit="clip", file=sys.stderr),
+        seeds=args.seeds,
     )
     print(report.table())
     if args.json:
@@ -275,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
     p.add_argument("--no-reference", action="store_true", help="skip transformers")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="run the default pipeline at seeds 0..N-1: WER mean and spread (sampled fallback)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write every clip's texts here")
     p.set_defaults(func=_eval)
 
