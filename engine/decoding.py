@@ -56,6 +56,10 @@ class WindowTask:
     temperature: float = 0.0  # 0: greedy; above: sampling
     prompt: tuple[int, ...] = ()  # previous-text tokens, fed after <|startofprev|>
     timestamps: bool = True  # predict segment timestamps (else <|notimestamps|>)
+    # what a sampled token depends on besides the logits, with the attempt and the step
+    # (engine.sampling): the input's seed and the window's first frame in it
+    seed: int = 0
+    seek: int = 0
     min_tokens: int = 0  # no end-of-text before this many tokens (fixed work for benchmarks)
     max_tokens: int | None = None  # at most this many (default: the rules' sample_len)
     # end the window as soon as its text so far compresses better than this (it repeats
@@ -266,7 +270,7 @@ class SlotState:
     timestamps: Tensor  # bool: the row predicts timestamps
     finished: Tensor  # bool: end-of-text sampled, or the row's limit reached
     temperature: Tensor  # float32; 0: greedy
-    sampling: Tensor  # bool: temperature > 0
+    sample_key: Tensor  # what the row's sampling noise depends on (engine.sampling.window_key)
     min_tokens: Tensor  # no end-of-text before this many tokens
     limit: Tensor  # tokens the row samples at most
     sum_logprob: Tensor  # float32
@@ -288,7 +292,7 @@ class SlotState:
             timestamps=slots(False, torch.bool),
             finished=slots(True, torch.bool),
             temperature=slots(0.0, torch.float32),
-            sampling=slots(False, torch.bool),
+            sample_key=slots(0),
             min_tokens=slots(0),
             limit=slots(sample_len),
             sum_logprob=slots(0.0, torch.float32),
@@ -322,6 +326,7 @@ class SlotState:
         position: Tensor,
         timestamps: Tensor,
         temperature: Tensor,
+        sample_key: Tensor,
         min_tokens: Tensor,
         limit: Tensor,
         no_speech: Tensor,
@@ -336,7 +341,7 @@ class SlotState:
         self.sum_logprob[rows] = 0.0
         self.sampled[rows] = eot
         self.temperature[rows] = temperature
-        self.sampling[rows] = temperature > 0
+        self.sample_key[rows] = sample_key
         self.timestamps[rows] = timestamps
         self.min_tokens[rows] = min_tokens
         self.limit[rows] = limit

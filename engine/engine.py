@@ -30,6 +30,7 @@ from engine.loader import LoadedModel, load_model
 from engine.longform import REQUESTS
 from engine.options import OptionsError, TranscriptionOptions
 from engine.runner import Runner
+from engine.sampling import SEED_LIMIT
 from engine.slots import slots_for
 from engine.stream import Stream
 
@@ -198,4 +199,6 @@ class Engine:
             )
         if options.min_tokens < 0:
             raise OptionsError(f"min_tokens {options.min_tokens}: expected 0 or more")
+        if not 0 <= options.seed < SEED_LIMIT:
+            raise OptionsError(f"seed {options.seed}: expected 0 <= seed < 2**63")
         return options

@@ -108,6 +108,8 @@ class Request:
             temperature=temperature,
             prompt=() if hot else tuple(self.prompt(window)),
             timestamps=self.options.timestamps,
+            seed=self.options.seed,
+            seek=window.seek,
             min_tokens=self.options.min_tokens,
             max_tokens=self.options.sample_len,
             max_compression_ratio=self.options.compression_ratio_threshold,

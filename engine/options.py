@@ -37,7 +37,10 @@ class TranscriptionOptions:
     # length
     sample_len: int | None = None  # tokens a window at most; None: the stream's rules' limit
     min_tokens: int = 0  # no end-of-text before this many tokens a window (benchmarks)
-    seed: int = 0  # for sampling at temperatures above 0 (`Stream.transcribe`)
+    # sampling at temperatures above 0 draws from noise keyed by this seed, the window and the
+    # step (engine.sampling): the same input and options give the same text, whatever else the
+    # stream runs. 0 <= seed < 2**63
+    seed: int = 0
 
     @property
     def needs_prompt(self) -> bool:

@@ -8,7 +8,8 @@ admits new windows while they run; `collect` then reads back the windows that fi
 
 On CUDA the encoder (per batch bucket) and the decode step (per live-count bucket and key
 bucket) are captured as CUDA graphs and replayed; elsewhere the same functions run eagerly. A
-step's choice of tokens is one fused kernel (`engine.kernels.greedy`) unless some row samples.
+step's choice of tokens is one fused kernel (`engine.kernels.greedy`) unless some row samples;
+a sampling row then draws from noise of its own (`engine.sampling`), whatever else runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.decoding import suppressed_tokens as model_suppressed
 from engine.kernels.greedy import GreedyRules
 from engine.loader import LoadedModel
 from engine.mel import N_FRAMES
+from engine.sampling import draw, window_key
 from engine.slots import (
     DECODE_BUCKETS,
     ENCODER_BUCKETS,
@@ -93,7 +95,6 @@ class Runner:
             device,
         )
         self.rules = GreedyRules(filters, d.n_vocab, device, triton)
-        self.generator = torch.Generator(device)
         # a step's scratch: the filtered logits of sampling rows, each row's choice
         self.logits = torch.zeros(n_slots, d.n_vocab, device=device)
         self.chosen = torch.zeros(n_slots, dtype=torch.long, device=device)
@@ -254,6 +255,10 @@ class Runner:
         temperature = torch.tensor(
             [s.task.temperature for s in sequences], pin_memory=device.type == "cuda"
         ).to(device, non_blocking=True)
+        sample_key = torch.tensor(
+            [window_key(s.task.seed, s.task.seek, s.attempt) for s in sequences],
+            pin_memory=device.type == "cuda",
+        ).to(device, non_blocking=True)
         positions = torch.arange(width, device=device).expand(len(prompts), -1)
         # the last prompt token is fed again by the first step, which samples after it;
         # n_keys given, not read off the positions (that would wait for the GPU)
@@ -265,6 +270,7 @@ class Runner:
             position=lengths - 1,
             timestamps=timestamps.bool(),
             temperature=temperature,
+            sample_key=sample_key,
             min_tokens=min_tokens,
             limit=limit,
             no_speech=logits[batch, sot].float().softmax(-1)[:, tok.no_speech],
@@ -295,15 +301,17 @@ class Runner:
             chosen, logprob = self.rules.select(logits, view, timestamps)
         self.chosen[:b], self.chosen_logprob[:b] = chosen, logprob
 
-    def _draw(self, n: int) -> None:
-        """Replace the greedy choice of sampling rows with a draw at their temperature."""
-        state, logits = self.slots.state, self.logits[:n]
-        scaled = logits / state.temperature[:n, None].clamp(min=1e-6)
-        drawn = torch.multinomial(scaled.softmax(dim=-1), 1, generator=self.generator)[:, 0]
-        logprob = logits.log_softmax(dim=-1).gather(1, drawn[:, None])[:, 0]
-        sampling = state.sampling[:n]
-        self.chosen[:n] = torch.where(sampling, drawn, self.chosen[:n])
-        self.chosen_logprob[:n] = torch.where(sampling, logprob, self.chosen_logprob[:n])
+    def _draw(self, sampling_rows: list[int]) -> None:
+        """Replace the greedy choice of the sampling rows with a draw at their temperature, from
+        their own noise: the step's other rows change nothing, and cost nothing."""
+        device = self.m.device
+        rows = torch.tensor(sampling_rows, pin_memory=device.type == "cuda")
+        rows = rows.to(device, non_blocking=True)
+        state, logits = self.slots.state, self.logits[rows]
+        keys, steps = state.sample_key[rows], state.n_sampled[rows]
+        drawn = draw(logits, state.temperature[rows], keys, steps)
+        self.chosen[rows] = drawn
+        self.chosen_logprob[rows] = logits.log_softmax(dim=-1).gather(1, drawn[:, None])[:, 0]
 
     def _commit(self, b: int) -> None:
         self.slots.state.commit(
@@ -328,7 +336,8 @@ class Runner:
             return
         self._launched = n
         timestamps = any(s.task.timestamps for s in live)
-        sampling = any(s.task.temperature > 0 for s in live)
+        sampling_rows = [i for i, s in enumerate(live) if s.task.temperature > 0]
+        sampling = bool(sampling_rows)
         steps = 1 if sampling else self.horizon
         b, n_keys = n, None
         if self.pad_to_buckets:
@@ -347,7 +356,7 @@ class Runner:
             else:
                 self._forward(*key)
             if sampling:
-                self._draw(n)
+                self._draw(sampling_rows)
             if self.graphs:
                 self._step_graphs[key][1].replay()
             else:

@@ -216,7 +216,6 @@ class Stream:
             raise RuntimeError("transcribe() needs an idle stream; this one has inputs in it")
         options = self.check(options or TranscriptionOptions())
         prepared = [self.prepare(item) for item in items]
-        self._runner.generator.manual_seed(options.seed)
         for i, p in enumerate(prepared):
             self.submit(i, p, options, progress=progress and functools.partial(progress, i))
         results: dict[Hashable, Transcription] = {}

@@ -139,6 +139,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "prompt": args.prompt,
         "timestamps": args.timestamps,
+        "seed": args.seed,
     }
     try:  # the values a job may take, checked as the API checks them
         options = JobCreate.parse({k: v for k, v in fields.items() if v is not None}).options
@@ -157,7 +158,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
             try:
                 data = Path(path).read_bytes()
-                [result] = stream.transcribe([data], engine_options(options), progress)
+                [result] = stream.transcribe([data], engine_options(options, data), progress)
             except (OSError, AudioError, SpectrogramError, OptionsError) as e:
                 print(f"{path}: {e}", file=sys.stderr)
                 failed += 1
@@ -181,6 +182,7 @@ def _eval(args: argparse.Namespace) -> int:
         _engine(args, dtype=args.dtype),
         reference=not args.no_reference,
         progress=lambda items: tqdm(items, unit="clip", file=sys.stderr),
+        seeds=args.seeds,
     )
     print(report.table())
     if args.json:
@@ -262,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA if present)")
     p.add_argument("--format", choices=list(WRITERS), default="text")
     p.add_argument("--prompt", help="text as if it came before the audio (names, spellings)")
+    p.add_argument(
+        "--seed", help="for sampling (temperature fallback); default: derived from the file"
+    )
     p.add_argument("--output-dir", help="write FILE's result to DIR/<stem>.<format> instead")
     p.set_defaults(func=_transcribe)
 
@@ -271,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
     p.add_argument("--no-reference", action="store_true", help="skip transformers")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="run the default pipeline at seeds 0..N-1: WER mean and spread (sampled fallback)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write every clip's texts here")
     p.set_defaults(func=_eval)
 

@@ -7,6 +7,7 @@ already loaded go on meanwhile, and those that want the loading one wait for it 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ import torch
 
 from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
 from worker.batching import Batcher, DeviceFaultHandler, EngineFailed, Ticket
-from worker.contract.options import JobOptions
+from worker.contract.options import SEED_LIMIT, JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
 
@@ -30,20 +31,37 @@ class UnknownModel(ValueError):
     pass
 
 
-def engine_options(options: JobOptions) -> TranscriptionOptions:
-    """A job's options as the engine takes them."""
+def job_seed(data: bytes, options: JobOptions) -> int:
+    """The seed a job samples with: its own, else one derived from its input's bytes and its
+    options, so that the same audio with the same options gives the same text whichever job
+    carries it (a retry, a resubmission, a backfill) and whichever worker runs it."""
+    if options.seed is not None:
+        return options.seed
+    # options left at their defaults are not hashed: a new option changes no derived seed
+    digest = hashlib.blake2b(options.model_dump_json(exclude_defaults=True).encode(), digest_size=8)
+    digest.update(b"\0")  # JSON never holds a raw NUL: options and bytes cannot run together
+    digest.update(data)
+    return int.from_bytes(digest.digest(), "big") % SEED_LIMIT
+
+
+def engine_options(options: JobOptions, data: bytes) -> TranscriptionOptions:
+    """A job's options as the engine takes them, for this input (its seed may come from it)."""
     return TranscriptionOptions(
         task=options.task,
         language=options.language,
         mode=options.mode,
         timestamps=options.timestamps,
         initial_prompt=options.prompt,
+        seed=job_seed(data, options),
     )
 
 
 def transcript(transcription: Transcription, options: JobOptions) -> TranscriptResult:
-    """The engine's transcription as the job's result, carrying the job's options."""
-    return TranscriptResult.model_validate({**transcription.to_dict(), "options": options})
+    """The engine's transcription as the job's result, carrying the job's options and the seed
+    it was sampled with (the engine's record of its options holds it)."""
+    return TranscriptResult.model_validate(
+        {**transcription.to_dict(), "options": options, "seed": transcription.options["seed"]}
+    )
 
 
 class Engines:
@@ -145,7 +163,7 @@ class Engines:
         `on_wait` every `wait_s` seconds meanwhile (to record progress)."""
         batcher = self._batcher(name)
         stream = batcher.stream
-        checked = stream.check(engine_options(options))
+        checked = stream.check(engine_options(options, data))
         while True:
             ticket = batcher.submit(stream.prepare(data), checked, urgent)
             try:

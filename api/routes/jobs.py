@@ -71,7 +71,7 @@ async def create_job(
 
     The other form fields are the job's options (the request body's schema lists them, with
     their values and defaults): `model`, `language`, `task`, `mode`, `prompt`, `timestamps`
-    (false: each 30 s window is one segment), `priority`, `input`; an empty field counts as
+    (false: each 30 s window is one segment), `seed`, `priority`, `input`; an empty field counts as
     omitted. Refused with 422 before anything is queued, the upload deleted: an unknown field
     (`invalid_request`), a bad value (`invalid_option`), a model the server does not serve
     (`unknown_model`), `task=translate` or a `language` other than `en` on an English-only

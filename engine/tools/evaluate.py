@@ -8,11 +8,15 @@ The manifest is JSON lines with `file`, `reference`, `language` (the format of
 greedy tokens without timestamps against transformers' greedy `generate` on clips up to 30 s,
 chunked mode on clips over 30 s, and language detection on non-English clips (multilingual
 models). WER: English clips, Whisper's English normalizer, jiwer.
+
+With `seeds` above 1 the default pipeline also runs at seeds 1 .. seeds - 1 (the first run is
+seed 0): windows that fall back sample, so the WER is reported as a mean and spread over them.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +68,7 @@ class ClipResult:
     engine_language: str | None = None
     reference_language: str | None = None
     timestamps_ok: bool = True  # segments in order, each inside the audio
+    seed_texts: list[str] = field(default_factory=list)  # the default pipeline's, seeds 0, 1, ...
 
 
 @dataclass
@@ -76,26 +81,52 @@ class Report:
         refs = [c.reference for c in clips]
         return 100 * word_error_rate(refs, [getattr(c, attr) for c in clips])
 
+    def seed_wers(self, clips: list[ClipResult]) -> list[float]:
+        """The WER % of these clips at each seed."""
+        refs = [c.reference for c in clips]
+        seeds = range(len(clips[0].seed_texts))
+        return [100 * word_error_rate(refs, [c.seed_texts[i] for c in clips]) for i in seeds]
+
     def rows(self) -> list[tuple[str, str, str]]:
         """(metric, engine, transformers) rows of the summary table."""
         english = [c for c in self.clips if c.language == "en"]
         short = [c for c in english if c.duration <= 30]
         long = [c for c in english if c.duration > 30]
+        groups = [
+            (label, group)
+            for label, group in (
+                ("English clips <= 30 s", short),
+                ("English clips > 30 s", long),
+                ("all English clips", english),
+            )
+            if group
+        ]
         rows = []
-        for label, group in (
-            ("English clips <= 30 s", short),
-            ("English clips > 30 s", long),
-            ("all English clips", english),
-        ):
-            if group:
-                n = f"WER %, {label} ({len(group)})"
+        for label, group in groups:
+            n = f"WER %, {label} ({len(group)})"
+            rows.append(
+                (
+                    n,
+                    f"{self.wer(group, 'engine_text'):.2f}",
+                    f"{self.wer(group, 'reference_text'):.2f}",
+                )
+            )
+        seeds = len(english[0].seed_texts) if english else 0
+        if seeds > 1:
+            for label, group in groups:
+                wers = self.seed_wers(group)
                 rows.append(
                     (
-                        n,
-                        f"{self.wer(group, 'engine_text'):.2f}",
-                        f"{self.wer(group, 'reference_text'):.2f}",
+                        f"WER %, {label}, seeds 0-{seeds - 1}: mean ± sd (min-max)",
+                        f"{statistics.mean(wers):.2f} ± {statistics.stdev(wers):.2f} "
+                        f"({min(wers):.2f}-{max(wers):.2f})",
+                        "",
                     )
                 )
+            varied = sum(len(set(c.seed_texts)) > 1 for c in english)
+            rows.append(
+                ("English clips whose text changes with the seed", f"{varied}/{len(english)}", "")
+            )
         for c in long:
             rows.append(
                 (
@@ -213,7 +244,12 @@ def timestamps_ok(segments, duration: float) -> bool:
     return True
 
 
-def evaluate(manifest: Path, stream: Stream, reference: bool = True, progress=None) -> Report:
+def evaluate(
+    manifest: Path, stream: Stream, reference: bool = True, progress=None, seeds: int = 1
+) -> Report:
+    """seeds: run the default pipeline at seeds 0 .. seeds - 1 (see the module's docstring)."""
+    if seeds < 1:
+        raise ValueError(f"seeds {seeds}: expected 1 or more")
     entries = read_manifest(manifest)
     loaded = stream.engine.loaded
     multilingual = loaded.tokenizer.is_multilingual
@@ -230,6 +266,10 @@ def evaluate(manifest: Path, stream: Stream, reference: bool = True, progress=No
         clip.engine_seconds = time.perf_counter() - start
         clip.engine_text, clip.engine_language = result.text, result.language
         clip.timestamps_ok = timestamps_ok(result.segments, clip.duration)
+        clip.seed_texts = [result.text] + [
+            stream.transcribe([data], TranscriptionOptions(seed=seed))[0].text
+            for seed in range(1, seeds)
+        ]
         long = clip.duration > 30
         if long:
             chunked = TranscriptionOptions(mode="chunked")

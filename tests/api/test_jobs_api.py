@@ -54,6 +54,7 @@ def test_submit_stores_input_records_job_and_queues_it(client, settings, clips):
         "mode": "sequential",
         "prompt": None,
         "timestamps": True,
+        "seed": None,
     }
     assert job["input"] == {
         "kind": "audio",
@@ -104,6 +105,7 @@ def test_a_succeeded_jobs_result_in_every_format(client, settings, clips):
         "segments": [segment],
         "model": "tiny.en",
         "options": job["options"],
+        "seed": 42,
     }
     body = json.dumps(stored, ensure_ascii=False).encode()
     Storage(settings).put_once(f"jobs/default/{job['id']}/result.json", body, "application/json")
@@ -289,7 +291,13 @@ def test_bad_options_are_refused_and_the_upload_removed(
 
 
 def test_a_multilingual_model_takes_any_language_and_translates(client, clips):
-    fields = {"model": "base", "language": "fr", "task": "translate", "timestamps": "false"}
+    fields = {
+        "model": "base",
+        "language": "fr",
+        "task": "translate",
+        "timestamps": "false",
+        "seed": "42",
+    }
     response = submit(client, clips["fr_fleurs_000"].bytes, **fields)
     assert response.status_code == 202, response.text
     assert response.json()["options"] == {
@@ -298,6 +306,7 @@ def test_a_multilingual_model_takes_any_language_and_translates(client, clips):
         "mode": "sequential",
         "prompt": None,
         "timestamps": False,
+        "seed": 42,
     }
 
 
@@ -381,6 +390,7 @@ def test_openapi_declares_the_result(client):
         "segments",
         "model",
         "options",
+        "seed",
     }
     assert "no_speech_prob" in schemas["TranscriptSegment"]["properties"]
     assert "timestamps" in schemas["JobOptions"]["properties"]

@@ -110,7 +110,9 @@ def calm_texts(stream, plan: list[Case]) -> dict[str, str]:
     texts = {}
     for case in {c.name: c for c in plan if c.code is None}.values():
         options = JobCreate.parse(dict(case.fields)).options
-        texts[case.name] = stream.transcribe([case.data], engine_options(options))[0].text
+        texts[case.name] = stream.transcribe([case.data], engine_options(options, case.data))[
+            0
+        ].text
     return texts
 
 

@@ -7,13 +7,39 @@ import torch
 
 from worker.contract.jobs import JobOptions
 from worker.contract.settings import Settings
-from worker.engines import Engines, UnknownModel
+from worker.engines import Engines, UnknownModel, job_seed
 
 
 def test_unknown_model_lists_the_served_ones():
     engines = Engines(Settings(models="tiny.en,base"))
     with pytest.raises(UnknownModel, match="'large-v9'; available: tiny.en, base"):
         engines.get("large-v9")
+
+
+def test_a_jobs_seed_is_its_own_or_derived_from_its_input_and_options():
+    data, options = b"RIFF and some audio", JobOptions()
+    derived = job_seed(data, options)
+    assert derived == job_seed(bytes(data), JobOptions())  # whichever job carries them
+    assert derived == 0x384C7886E28B8627  # and whichever version runs them
+    for other_data, other_options in [
+        (data + b"\0", options),
+        (data[:-1], options),
+        (data, JobOptions(mode="chunked")),
+        (data, JobOptions(prompt="Kennedy")),
+        (data, JobOptions(timestamps=False)),
+    ]:
+        assert job_seed(other_data, other_options) not in (derived, None)
+    assert job_seed(data, JobOptions(seed=0)) == 0 and job_seed(data, JobOptions(seed=5)) == 5
+    assert all(0 <= job_seed(bytes([i]), options) < 2**63 for i in range(256))
+
+
+def test_the_result_carries_the_seed_it_was_sampled_with(clips):
+    engines = Engines(Settings(models="tiny.en", device="cpu"))
+    data = clips["en_jfk"].bytes
+    derived = engines.transcribe("tiny.en", data, JobOptions())
+    assert derived.seed == job_seed(data, JobOptions()) and derived.options.seed is None
+    given = engines.transcribe("tiny.en", data, JobOptions(seed=5))
+    assert given.seed == 5 and given.options.seed == 5
 
 
 def test_least_recently_used_model_is_dropped_to_fit_the_budget():

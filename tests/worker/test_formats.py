@@ -42,7 +42,9 @@ STORED = {
         "mode": "sequential",
         "prompt": None,
         "timestamps": True,
+        "seed": None,
     },
+    "seed": 1234567890123,
 }
 RESULT = TranscriptResult.model_validate(STORED)
 
@@ -80,9 +82,11 @@ def test_text_and_json():
 
 
 def test_results_stored_with_other_option_keys_still_load():
-    earlier = {**STORED, "options": {"task": "translate", "initial_prompt": None, "beam": 1}}
+    before_seeds = {key: value for key, value in STORED.items() if key != "seed"}
+    earlier = {**before_seeds, "options": {"task": "translate", "initial_prompt": None, "beam": 1}}
     result = TranscriptResult.model_validate_json(json.dumps(earlier))
     assert result.options.task == "translate" and result.options.timestamps is True
+    assert result.seed is None and result.options.seed is None
     assert json.loads(WRITERS["verbose_json"].render(result))["task"] == "translate"
 
 

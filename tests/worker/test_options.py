@@ -39,12 +39,14 @@ def test_defaults_and_the_options_part():
         "mode": "sequential",
         "prompt": None,
         "timestamps": True,
+        "seed": None,
     }
 
 
 def test_form_strings_become_typed_values():
     job = JobCreate.parse({"language": "FR", "timestamps": "false", "mode": "chunked"})
     assert job.language == "fr" and job.timestamps is False and job.mode == "chunked"
+    assert JobCreate.parse({"seed": str(2**63 - 1)}).options.seed == 2**63 - 1
 
 
 @pytest.mark.parametrize(
@@ -59,6 +61,9 @@ def test_form_strings_become_typed_values():
             "invalid_option",
             f"prompt of {PROMPT_MAX_CHARS + 1} characters: expected at most {PROMPT_MAX_CHARS}",
         ),
+        ({"seed": "-1"}, "invalid_option", "seed '-1': expected 0 or more"),
+        ({"seed": str(2**63)}, "invalid_option", f"seed '{2**63}': expected less than {2**63}"),
+        ({"seed": "0x1f"}, "invalid_option", "seed '0x1f': expected a whole number"),
         ({"langauge": "en"}, "invalid_request", "unknown option 'langauge'; expected language"),
     ],
 )

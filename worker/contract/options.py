@@ -25,6 +25,7 @@ InputKind = Literal["audio", "spectrogram"]
 
 # Whisper keeps only the prompt's last 223 tokens; this bounds what a client may send
 PROMPT_MAX_CHARS = 1024
+SEED_LIMIT = 2**63  # seeds fit a signed 64-bit integer (the engine's, engine.sampling)
 
 
 def values(alias: Any) -> tuple[str, ...]:
@@ -67,6 +68,14 @@ class JobOptions(BaseModel):
     )
     timestamps: bool = Field(
         True, description="segment timestamps; without them each 30 s window is one segment"
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        lt=SEED_LIMIT,
+        description="for sampling (the windows temperature fallback decodes again): the same "
+        "audio, options and seed give the same text on any worker and in any batch; omitted: "
+        "derived from the audio's bytes and the other options (the result gives it)",
     )
 
     @field_validator("language")
@@ -158,6 +167,12 @@ def _refusal(error: ErrorDetails) -> OptionError:
             expected = f"expected at most {ctx['max_length']} characters"
         case "bool_parsing" | "bool_type":
             expected = "expected true or false"
+        case "int_parsing" | "int_type" | "int_from_float":
+            expected = "expected a whole number"
+        case "greater_than_equal":
+            expected = f"expected {ctx['ge']} or more"
+        case "less_than":
+            expected = f"expected less than {ctx['lt']}"
         case _:
             expected = error["msg"]
     return OptionError("invalid_option", f"{field} {received}: {expected}")

@@ -33,3 +33,9 @@ class TranscriptResult(BaseModel):
     segments: list[TranscriptSegment]
     model: str
     options: JobOptions = Field(description="the job options that produced it")
+    seed: int | None = Field(
+        None,
+        description="the seed it was sampled with: the job's, or the one derived from its audio "
+        "and options; sent as the option `seed`, it gives the same text again (null in results "
+        "stored before seeds were recorded)",
+    )
