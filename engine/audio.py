@@ -14,6 +14,7 @@ Other rates are resampled by FFmpeg's libswresample (through PyAV), as openai-wh
 from __future__ import annotations
 
 import io
+import logging
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ SAMPLE_RATE = 16000
 # Sample rates accepted: telephone (8 kHz) up to studio (384 kHz). Outside, a file is far more
 # likely a mistake or an attack than speech (a 7 KB WAV at 1 Hz declares two hours).
 MIN_RATE, MAX_RATE = 8000, 384000
+
+log = logging.getLogger(__name__)
+
 EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio"
 BLOCK_SECONDS = 30
 _AV_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2": "MP4", "matroska,webm": "WebM", "aac": "AAC"}
@@ -93,10 +97,9 @@ class Audio:
                 info = self._probe_av()
             except AudioError:
                 raise
-            except Exception as e:  # FFmpeg's errors vary by container; the message matters
-                raise AudioError(
-                    f"could not decode the audio ({libsndfile_error}; {e}); {EXPECTED}"
-                ) from e
+            except Exception as e:  # FFmpeg's errors vary by container; none names the input
+                log.debug("undecodable: libsndfile: %s; FFmpeg: %s", libsndfile_error, e)
+                raise AudioError(f"could not decode the audio; {EXPECTED}") from e
             backend = "av"
         wav = _wav_data_sizes(self.data)
         if wav is not None and wav[0] > wav[1] and wav[0] not in (0, 0xFFFFFFFF):
@@ -144,7 +147,8 @@ class Audio:
                         read += len(b)
                         yield b.mean(axis=1) if b.shape[1] > 1 else b[:, 0]
             except (sf.LibsndfileError, RuntimeError) as e:
-                raise AudioError(f"could not decode the audio ({e}); {EXPECTED}") from e
+                log.debug("libsndfile: %s", e)
+                raise AudioError(f"the {self.format} audio is damaged or cut short") from e
             if read < self.info.frames:
                 raise AudioError(
                     f"truncated {self.format}: {self.info.frames} frames declared, {read} decodable"
@@ -163,7 +167,8 @@ class Audio:
                         read += planes.shape[1]
                         yield planes.mean(axis=0)
         except Exception as e:  # FFmpeg raises many kinds; all mean "undecodable"
-            raise AudioError(f"could not decode the {self.format} audio ({e}); {EXPECTED}") from e
+            log.debug("FFmpeg: %s", e)
+            raise AudioError(f"the {self.format} audio is damaged or cut short") from e
         if self.info.frames and read < 0.98 * self.info.frames:
             raise AudioError(
                 f"truncated {self.format}: {self.info.frames} frames declared, {read} decodable"

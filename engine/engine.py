@@ -158,8 +158,8 @@ class Engine:
         if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
             try:
                 item = np.load(io.BytesIO(item), allow_pickle=False)
-            except ValueError as e:
-                raise SpectrogramError(f"not a readable .npy array ({e})") from e
+            except ValueError as e:  # numpy's words may quote the header back: keep to ours
+                raise SpectrogramError("not a readable .npy array (header or data damaged)") from e
         max_s = self.config.max_audio_s
         if isinstance(item, np.ndarray) and item.ndim >= 2:
             return spectrogram_source(item, m.dims.n_mels, m.device, max_s)
