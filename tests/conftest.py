@@ -46,6 +46,10 @@ class Clip:
 @pytest.fixture(scope="session")
 def clips() -> dict[str, Clip]:
     """The test clips by file stem, e.g. clips["en_jfk"]."""
+    return read_clips()
+
+
+def read_clips() -> dict[str, Clip]:
     out = {}
     for line in (DATA / "manifest.jsonl").read_text().splitlines():
         entry = json.loads(line)

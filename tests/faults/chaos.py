@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import soundfile as sf
 
 from tests.conftest import free_port, stop, wait_for_port
 from tests.faults.fleet import Fleet, long_speech, speech
@@ -47,9 +48,25 @@ def _npy(array: np.ndarray) -> bytes:
     return out.getvalue()
 
 
+def _wav(samples: np.ndarray, rate: int) -> bytes:
+    out = io.BytesIO()
+    sf.write(out, samples, rate, format="WAV", subtype="PCM_16")
+    return out.getvalue()
+
+
+def _at_rate(clip: bytes, seconds: float, rate: int) -> bytes:
+    """The first `seconds` of a 16 kHz clip as a WAV at `rate` (linear interpolation)."""
+    audio, source = sf.read(io.BytesIO(clip), dtype="float32")
+    audio = audio[: int(seconds * source)]
+    at = np.arange(int(len(audio) * rate / source)) * source / rate
+    return _wav(np.interp(at, np.arange(len(audio)), audio).astype(np.float32), rate)
+
+
 def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
-    """About n submissions: a tenth malformed, a tenth long-form, a tenth spectrograms, the
-    rest short speech of several lengths; distinct inputs repeat, as duplicates do."""
+    """About n submissions: a tenth malformed, a tenth long-form or costly (a repetitive
+    prompt that sends every window into temperature fallback, so its text is sampled), a tenth
+    spectrograms, the rest short speech of several lengths and sample rates; distinct inputs
+    repeat, as duplicates do."""
     from transformers import WhisperFeatureExtractor
 
     from engine.audio import decode_audio
@@ -59,6 +76,9 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
         Case(f"{c.path.stem} {s:.0f} s", speech(c.bytes, s), f"{c.path.stem}.flac")
         for c in english
         for s in (2.0, 4.0, 7.0)
+    ] + [
+        Case(f"jfk 4 s at {rate} Hz", _at_rate(clips["en_jfk"].bytes, 4, rate), "a.wav")
+        for rate in (8000, 44100, 48001)
     ]
     long = [
         Case("jfk x4 sequential", long_speech(clips["en_jfk"].bytes, 4), "long.flac"),
@@ -67,6 +87,12 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
             long_speech(clips["en_jfk"].bytes, 6),
             "long.flac",
             (("mode", "chunked"),),
+        ),
+        Case(
+            'jfk 1.5 s, prompt "ha " x 333',
+            speech(clips["en_jfk"].bytes, 1.5),
+            "ha.flac",
+            (("prompt", ("ha " * 333).strip()),),  # the API strips form values
         ),
     ]
     extractor = WhisperFeatureExtractor(feature_size=80)
@@ -81,6 +107,7 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
     nan = np.zeros((80, 3000), np.float32)
     nan[3, 7] = np.nan
     good = english[0].bytes
+    jfk = clips["en_jfk"].bytes
     malformed = [
         Case("text", b"this is not audio at all, just some text", "a.flac", code="invalid_audio"),
         Case("empty", b"", "a.flac", code="invalid_audio"),
@@ -89,6 +116,9 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
         Case(
             "128 mels", _npy(np.zeros((128, 3000), np.float32)), "a.npy", code="invalid_spectrogram"
         ),
+        Case("WAV at 4,001 Hz", _at_rate(jfk, 2, 4001), "a.wav", code="invalid_audio"),
+        Case("7 KB WAV at 1 Hz (58 min)", _wav(np.zeros(3500), 1), "a.wav", code="invalid_audio"),
+        Case("40 KB WAV at 1 Hz (5.6 h)", _wav(np.zeros(20000), 1), "a.wav", code="too_long"),
     ]
     rng = random.Random(seed)
     plan = (
@@ -116,6 +146,18 @@ def calm_texts(stream, plan: list[Case]) -> dict[str, str]:
     return texts
 
 
+# what a run must find none of, in the order reports print them
+PROBLEMS = (
+    "lost",
+    "duplicates",
+    "different",
+    "good_failed",
+    "malformed_wrong",
+    "bad_answers",
+    "orphans",
+)
+
+
 @dataclass
 class Report:
     submitted: int = 0
@@ -133,33 +175,10 @@ class Report:
     seconds: float = 0.0
 
     def problems(self) -> dict[str, list]:
-        return {
-            name: getattr(self, name)
-            for name in (
-                "lost",
-                "duplicates",
-                "different",
-                "good_failed",
-                "malformed_wrong",
-                "bad_answers",
-                "orphans",
-            )
-            if getattr(self, name)
-        }
+        return {name: getattr(self, name) for name in PROBLEMS if getattr(self, name)}
 
     def __str__(self) -> str:
-        counts = ", ".join(
-            f"{name} {len(getattr(self, name))}"
-            for name in (
-                "lost",
-                "duplicates",
-                "different",
-                "good_failed",
-                "malformed_wrong",
-                "bad_answers",
-                "orphans",
-            )
-        )
+        counts = ", ".join(f"{name} {len(getattr(self, name))}" for name in PROBLEMS)
         answers = ", ".join(f"{k}: {v}" for k, v in sorted(self.answers.items()))
         return (
             f"submitted {self.submitted}, accepted {self.accepted}, refused at the door "

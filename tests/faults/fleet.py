@@ -24,6 +24,7 @@ from tests.conftest import free_port, stop, wait_for_port
 from worker.app import create_app
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
+from worker.contract.options import JobOptions
 from worker.contract.settings import Settings
 from worker.storage import Storage
 
@@ -157,11 +158,19 @@ class Fleet:
     def logs(self) -> str:
         return "".join(p.read_text() for p in sorted(self.folder.glob("worker-*.log")))
 
-    def submit(self, data: bytes, kind: str = "audio", fmt: str = "flac", twice: bool = False):
+    def submit(
+        self,
+        data: bytes,
+        kind: str = "audio",
+        fmt: str = "flac",
+        twice: bool = False,
+        options: JobOptions | None = None,
+    ):
         """As the API does: the input, the record, the message (here maybe two)."""
         record = JobRecord(
             id=new_job_id(),
             model="tiny.en",
+            options=options or JobOptions(),
             priority="bulk",
             input=JobInput(kind=kind, bytes=len(data), format=fmt),
         )
