@@ -21,8 +21,15 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.conftest import read_clips  # noqa: E402
-from tests.faults.chaos import _at_rate, _npy, _wav  # noqa: E402
-from tests.faults.fleet import Fleet, RedisServer, StorageServer, speech  # noqa: E402
+from tests.faults.fleet import (  # noqa: E402
+    Fleet,
+    RedisServer,
+    StorageServer,
+    at_rate,
+    npy,
+    speech,
+    wav,
+)
 from worker.contract.options import JobOptions  # noqa: E402
 
 
@@ -44,19 +51,19 @@ def inputs(clips: dict) -> list[tuple[str, bytes, str, JobOptions]]:
     plain = JobOptions()
     return [
         ("jfk, 4 s FLAC (a good job, for scale)", speech(jfk, 4), "flac", plain),
-        ("WAV at 4,001 Hz, 2 s (8 KB)", _at_rate(jfk, 2, 4001), "wav", plain),
-        ("WAV at 1 Hz, 7 KB (58 min declared)", _wav(np.zeros(3500), 1), "wav", plain),
-        ("WAV at 8,000 Hz, 4 s", _at_rate(jfk, 4, 8000), "wav", plain),
-        ("WAV at 48,001 Hz, 4 s", _at_rate(jfk, 4, 48001), "wav", plain),
-        ("WAV at 384,000 Hz, 4 s", _at_rate(jfk, 4, 384000), "wav", plain),
-        ("WAV at 384,001 Hz, 1 s", _at_rate(jfk, 1, 384001), "wav", plain),
+        ("WAV at 4,001 Hz, 2 s (8 KB)", at_rate(jfk, 2, 4001), "wav", plain),
+        ("WAV at 1 Hz, 7 KB (58 min declared)", wav(np.zeros(3500), 1), "wav", plain),
+        ("WAV at 8,000 Hz, 4 s", at_rate(jfk, 4, 8000), "wav", plain),
+        ("WAV at 48,001 Hz, 4 s", at_rate(jfk, 4, 48001), "wav", plain),
+        ("WAV at 384,000 Hz, 4 s", at_rate(jfk, 4, 384000), "wav", plain),
+        ("WAV at 384,001 Hz, 1 s", at_rate(jfk, 1, 384001), "wav", plain),
         ('jfk 1.5 s, prompt "ha " x 333', speech(jfk, 1.5), "flac", JobOptions(prompt="ha " * 333)),
         ("OGG of 90 s (past MAX_AUDIO_S=60; no length in its header)", _ogg(90), "ogg", plain),
         ("FLAC cut in half", jfk[: len(jfk) // 2], "flac", plain),
-        ("spectrogram with a NaN", _npy(nan), "npy", plain),
+        ("spectrogram with a NaN", npy(nan), "npy", plain),
         (
             "spectrogram of 128 mels (tiny.en has 80)",
-            _npy(np.zeros((128, 3000), np.float32)),
+            npy(np.zeros((128, 3000), np.float32)),
             "npy",
             plain,
         ),
@@ -104,10 +111,11 @@ def main() -> int:
         redis_server.start()
         fleet = Fleet(Path(folder), redis_server, storage, MAX_AUDIO_S=60)
         try:
+            clips = read_clips()
             worker = psutil.Process(fleet.start_worker().pid)
-            warm = fleet.submit(speech(read_clips()["en_jfk"].bytes, 2))
+            warm = fleet.submit(speech(clips["en_jfk"].bytes, 2))
             fleet.wait_all([warm], timeout=300)
-            for name, data, fmt, options in inputs(read_clips()):
+            for name, data, fmt, options in inputs(clips):
                 kind = "spectrogram" if fmt == "npy" else "audio"
                 with PeakRSS(worker) as memory:
                     job = fleet.submit(data, kind, fmt, options=options)

@@ -11,7 +11,6 @@ runs a short one; `scripts/chaos.py` the full one.
 
 from __future__ import annotations
 
-import io
 import random
 import subprocess
 import sys
@@ -24,10 +23,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import soundfile as sf
 
 from tests.conftest import free_port, stop, wait_for_port
-from tests.faults.fleet import Fleet, long_speech, speech
+from tests.faults.fleet import Fleet, at_rate, long_speech, npy, speech, wav
 from worker.contract.jobs import TERMINAL
 
 
@@ -42,26 +40,6 @@ class Case:
     code: str | None = None  # malformed: the error code it must end with; None: a good job
 
 
-def _npy(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, array)
-    return out.getvalue()
-
-
-def _wav(samples: np.ndarray, rate: int) -> bytes:
-    out = io.BytesIO()
-    sf.write(out, samples, rate, format="WAV", subtype="PCM_16")
-    return out.getvalue()
-
-
-def _at_rate(clip: bytes, seconds: float, rate: int) -> bytes:
-    """The first `seconds` of a 16 kHz clip as a WAV at `rate` (linear interpolation)."""
-    audio, source = sf.read(io.BytesIO(clip), dtype="float32")
-    audio = audio[: int(seconds * source)]
-    at = np.arange(int(len(audio) * rate / source)) * source / rate
-    return _wav(np.interp(at, np.arange(len(audio)), audio).astype(np.float32), rate)
-
-
 def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
     """About n submissions: a tenth malformed, a tenth long-form or costly (a repetitive
     prompt that sends every window into temperature fallback, so its text is sampled), a tenth
@@ -72,25 +50,26 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
     from engine.audio import decode_audio
 
     english = [c for c in clips.values() if c.language == "en"]
+    jfk = clips["en_jfk"].bytes
     short = [
         Case(f"{c.path.stem} {s:.0f} s", speech(c.bytes, s), f"{c.path.stem}.flac")
         for c in english
         for s in (2.0, 4.0, 7.0)
     ] + [
-        Case(f"jfk 4 s at {rate} Hz", _at_rate(clips["en_jfk"].bytes, 4, rate), "a.wav")
+        Case(f"jfk 4 s at {rate} Hz", at_rate(jfk, 4, rate), "a.wav")
         for rate in (8000, 44100, 48001)
     ]
     long = [
-        Case("jfk x4 sequential", long_speech(clips["en_jfk"].bytes, 4), "long.flac"),
+        Case("jfk x4 sequential", long_speech(jfk, 4), "long.flac"),
         Case(
             "jfk x6 chunked",
-            long_speech(clips["en_jfk"].bytes, 6),
+            long_speech(jfk, 6),
             "long.flac",
             (("mode", "chunked"),),
         ),
         Case(
             'jfk 1.5 s, prompt "ha " x 333',
-            speech(clips["en_jfk"].bytes, 1.5),
+            speech(jfk, 1.5),
             "ha.flac",
             (("prompt", ("ha " * 333).strip()),),  # the API strips form values
         ),
@@ -99,7 +78,7 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
     spectrograms = [
         Case(
             f"{c.path.stem} spectrogram",
-            _npy(extractor(decode_audio(c.bytes), sampling_rate=16000).input_features[0]),
+            npy(extractor(decode_audio(c.bytes), sampling_rate=16000).input_features[0]),
             "mel.npy",
         )
         for c in english[:2]
@@ -107,18 +86,17 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
     nan = np.zeros((80, 3000), np.float32)
     nan[3, 7] = np.nan
     good = english[0].bytes
-    jfk = clips["en_jfk"].bytes
     malformed = [
         Case("text", b"this is not audio at all, just some text", "a.flac", code="invalid_audio"),
         Case("empty", b"", "a.flac", code="invalid_audio"),
         Case("truncated flac", good[: len(good) // 3], "a.flac", code="invalid_audio"),
-        Case("NaN spectrogram", _npy(nan), "a.npy", code="invalid_spectrogram"),
+        Case("NaN spectrogram", npy(nan), "a.npy", code="invalid_spectrogram"),
         Case(
-            "128 mels", _npy(np.zeros((128, 3000), np.float32)), "a.npy", code="invalid_spectrogram"
+            "128 mels", npy(np.zeros((128, 3000), np.float32)), "a.npy", code="invalid_spectrogram"
         ),
-        Case("WAV at 4,001 Hz", _at_rate(jfk, 2, 4001), "a.wav", code="invalid_audio"),
-        Case("7 KB WAV at 1 Hz (58 min)", _wav(np.zeros(3500), 1), "a.wav", code="invalid_audio"),
-        Case("40 KB WAV at 1 Hz (5.6 h)", _wav(np.zeros(20000), 1), "a.wav", code="too_long"),
+        Case("WAV at 4,001 Hz", at_rate(jfk, 2, 4001), "a.wav", code="invalid_audio"),
+        Case("7 KB WAV at 1 Hz (58 min)", wav(np.zeros(3500), 1), "a.wav", code="invalid_audio"),
+        Case("40 KB WAV at 1 Hz (5.6 h)", wav(np.zeros(20000), 1), "a.wav", code="too_long"),
     ]
     rng = random.Random(seed)
     plan = (

@@ -269,3 +269,23 @@ def long_speech(clip: bytes, repeat: int) -> bytes:
     out = io.BytesIO()
     sf.write(out, np.concatenate([audio] * repeat), rate, format="FLAC")
     return out.getvalue()
+
+
+def npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def wav(samples: np.ndarray, rate: int) -> bytes:
+    out = io.BytesIO()
+    sf.write(out, samples, rate, format="WAV", subtype="PCM_16")
+    return out.getvalue()
+
+
+def at_rate(clip: bytes, seconds: float, rate: int) -> bytes:
+    """The first `seconds` of a 16 kHz clip as a WAV at `rate` (linear interpolation)."""
+    audio, source = sf.read(io.BytesIO(clip), dtype="float32")
+    audio = audio[: int(seconds * source)]
+    at = np.arange(int(len(audio) * rate / source)) * source / rate
+    return wav(np.interp(at, np.arange(len(audio)), audio).astype(np.float32), rate)
