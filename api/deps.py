@@ -5,12 +5,17 @@ from __future__ import annotations
 from typing import Annotated
 
 from celery import Celery
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from worker.contract.jobs import DEFAULT_TENANT, JobRecord, JobStore
 from worker.contract.settings import Settings
+from worker.contract.tenants import Tenants
 from worker.storage import Storage
+
+BEARER = {"WWW-Authenticate": "Bearer"}
 
 
 def _settings(request: Request) -> Settings:
@@ -29,19 +34,39 @@ def _queue(request: Request) -> Celery:
     return request.app.state.celery
 
 
-def _tenant() -> str:
-    """The caller's tenant. The local stack is open: everyone is `default` until API keys."""
-    return DEFAULT_TENANT
+def _tenants(request: Request) -> Tenants:
+    return request.app.state.tenants
 
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
 StoreDep = Annotated[JobStore, Depends(_store)]
 StorageDep = Annotated[Storage, Depends(_storage)]
 QueueDep = Annotated[Celery, Depends(_queue)]
+TenantsDep = Annotated[Tenants, Depends(_tenants)]
+bearer = HTTPBearer(auto_error=False, description="an API key: `whisperfleet keys create`")
+
+
+async def _tenant(
+    settings: SettingsDep,
+    tenants: TenantsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
+) -> str:
+    """The caller's tenant, from its API key; everyone is `default` where auth is `none`."""
+    if settings.auth == "none":
+        return DEFAULT_TENANT
+    if credentials is None:
+        raise ApiError(401, "unauthorized", "send an API key: Authorization: Bearer <key>", BEARER)
+    key = await run_in_threadpool(tenants.lookup, credentials.credentials)
+    if key is None:
+        raise ApiError(401, "invalid_key", "the API key is unknown or revoked", BEARER)
+    return key.tenant
+
+
 TenantDep = Annotated[str, Depends(_tenant)]
 
 
 def _owned_job(job_id: str, tenant: TenantDep, store: StoreDep) -> JobRecord:
+    """The job, if it is the caller's: another tenant's answers exactly as an unknown id."""
     record = store.get(job_id)
     if record is None or record.tenant != tenant:
         raise ApiError(404, "not_found", f"no job {job_id}")

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.contract.options import OptionError
@@ -53,9 +54,10 @@ class ErrorBody(BaseModel):
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.headers = headers or {}
 
 
 def _body(status: int, code: str, message: str, **headers: str) -> JSONResponse:
@@ -91,12 +93,25 @@ class _Internal:
             await _body(500, "internal", message)(scope, receive, send)
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _allowed(request: Request) -> list[str]:
+    """The methods some route answers at this request's path."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_middleware(_Internal)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
-        return _body(e.status, e.code, e.message)
+        return _body(e.status, e.code, e.message, **e.headers)
 
     @app.exception_handler(OptionError)
     async def _option(request: Request, e: OptionError) -> JSONResponse:
@@ -121,4 +136,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        return _body(e.status_code, code, str(e.detail))
+        headers = dict(e.headers or {})
+        if e.status_code == 405:  # Starlette names only the first route's methods
+            headers["Allow"] = ", ".join(_allowed(request))
+        return _body(e.status_code, code, str(e.detail), **headers)

@@ -6,14 +6,16 @@ import logging
 from contextlib import asynccontextmanager
 
 import redis
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 
 from api.errors import install_error_handlers
-from api.routes import health, jobs
+from api.routes import health, jobs, openai
 from worker.app import create_app as create_celery
 from worker.contract.jobs import JobStore
 from worker.contract.settings import Settings, get_settings
+from worker.contract.tenants import Tenants
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 socket_connect_timeout=REDIS_TIMEOUT_S,
             )
         )
+        app.state.tenants = Tenants(app.state.store.redis, settings)
         app.state.storage = Storage(settings)
         app.state.celery = create_celery(settings)
         try:
@@ -56,9 +59,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=_operation_id,
     )
     install_error_handlers(app)
-    app.include_router(health.router)
-    app.include_router(jobs.router)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "HEAD", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
+            expose_headers=["Location", "Retry-After"],
+        )
+    routers = (health.router, jobs.router, openai.router)
+    for router in (*routers, _head_routes(routers)):
+        app.include_router(router)
     return app
+
+
+def _head_routes(routers: tuple[APIRouter, ...]) -> APIRouter:
+    """HEAD on every GET route (FastAPI adds none): the same answer without its body."""
+    head = APIRouter()
+    for route in (r for router in routers for r in router.routes):
+        if isinstance(route, APIRoute) and "GET" in route.methods:
+            head.add_api_route(
+                route.path,
+                route.endpoint,
+                methods=["HEAD"],
+                response_model=route.response_model,
+                status_code=route.status_code,
+                responses=route.responses,
+                summary=route.summary,
+                description=route.description,
+                response_class=route.response_class,
+                tags=route.tags,
+                name=route.name,
+                operation_id=f"{route.tags[0]}-{route.name}-head",
+            )
+    return head
 
 
 app = create_app()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from worker.contract.jobs import JobError, JobInput, JobRecord, JobStatus, Progress
 from worker.contract.options import JobOptions, Priority
@@ -23,10 +23,24 @@ class JobPublic(BaseModel):
     attempts: int
     progress: Progress
     error: JobError | None
+    source: str | None = Field(description="the s3:// input it was submitted with, if any")
+    webhook: str | None
 
     @classmethod
     def from_record(cls, record: JobRecord) -> JobPublic:
-        return cls.model_validate(record.model_dump(exclude={"tenant"}))
+        return cls.model_validate(record.model_dump(include=set(cls.model_fields)))
+
+
+class JobList(BaseModel):
+    data: list[JobPublic] = Field(description="newest first")
+    next_cursor: str | None = Field(
+        description="pass as `cursor` for the next page; null: this was the last"
+    )
+
+
+class ResultUrl(BaseModel):
+    url: str = Field(description="a presigned GET of the stored json result")
+    expires_at: datetime
 
 
 class Health(BaseModel):

@@ -7,7 +7,10 @@ refused as soon as it shows itself.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
@@ -26,7 +29,6 @@ from worker.contract.uploads import (
     all_finite,
     read_head,
 )
-from worker.storage import ObjectWriter
 
 FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`; each at most once
 MAX_FIELD_BYTES = 4 * PROMPT_MAX_CHARS  # a whole prompt in UTF-8: its length is checked later
@@ -43,6 +45,7 @@ class Upload:
     filename: str | None = None
     size: int = 0
     head: Head | None = None  # what the file's first bytes say about it
+    digest: str = ""  # the file's SHA-256: with the fields, what makes two requests the same
 
 
 class _Parts:
@@ -169,6 +172,27 @@ class Inspector:
         self.found = found
         return True
 
+    def judge(self, head: bytes, size: int) -> Head:
+        """The verdict on an object already stored, from its first bytes and its size."""
+        if size > self.max_bytes:
+            raise ApiError(
+                413, "too_large", f"the file is over the limit of {self.max_bytes} bytes"
+            )
+        self.feed(head)
+        self.size = size
+        self.carry = b""  # values past `head` are the worker's to check
+        if self.found is None:
+            self._read(complete=True)
+        npy = self.found.npy
+        if npy is not None and size != npy.offset + npy.nbytes:
+            raise ApiError(
+                422,
+                "invalid_spectrogram",
+                f"{size} bytes, but the .npy header describes {npy.offset + npy.nbytes}; "
+                f"{SPECTROGRAM_FORMS}",
+            )
+        return self.found
+
     def finish(self) -> Head:
         if self.size == 0:
             raise ApiError(422, "invalid_audio", f"the file is empty; {EXPECTED}")
@@ -197,10 +221,35 @@ def _too_long(found: Head, max_audio_s: float) -> str:
     return f"the {found.sniffed.format.upper()} header says {found.duration_s:.1f} s; {limit}"
 
 
+class Sink(Protocol):
+    """Where the file's bytes go: an ObjectWriter, or `Discard` (a retry already stored)."""
+
+    def append(self, data: bytes) -> bool: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Discard:
+    def append(self, data: bytes) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 async def receive_upload(
-    request: Request, writer: ObjectWriter, max_bytes: int, max_audio_s: float
+    request: Request,
+    writer: Sink,
+    max_bytes: int,
+    max_audio_s: float,
+    fields: frozenset[str] = FORM_FIELDS,
+    before_file: Callable[[dict[str, str]], None] | None = None,
 ) -> Upload:
     """Parse the multipart body: the `file` part goes to `writer`, small fields are returned.
+    `before_file` checks the fields sent before the file, before a byte of it is stored.
 
     The whole body is capped (the file's `max_bytes` + BODY_ALLOWANCE), with or without a
     Content-Length, and so are the parts: each known field at most once, so at most
@@ -237,6 +286,7 @@ async def receive_upload(
     )
     upload = Upload()
     inspector = Inspector(max_bytes, max_audio_s)
+    digest = hashlib.sha256()
     current: str | None = None
     value = bytearray()
     seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused
@@ -266,8 +316,10 @@ async def receive_upload(
                 seen.add(current)
                 if current == "file":
                     upload.filename = filename
-                elif current not in FORM_FIELDS:
-                    known = ", ".join(sorted(FORM_FIELDS | {"file"}))
+                    if before_file:
+                        before_file(upload.fields)
+                elif current not in fields:
+                    known = ", ".join(sorted(fields | {"file"}))
                     raise ApiError(
                         422,
                         "invalid_request",
@@ -275,6 +327,7 @@ async def receive_upload(
                     )
             elif kind == "data" and current == "file":
                 inspector.feed(data)
+                digest.update(data)
                 if writer.append(data):
                     await run_in_threadpool(writer.flush)
             elif kind == "data":
@@ -300,6 +353,7 @@ async def receive_upload(
             "the multipart body ends before its closing boundary: the upload is cut short",
         )
     upload.head, upload.size = inspector.finish(), inspector.size
+    upload.digest = digest.hexdigest()
     await run_in_threadpool(writer.close)
     return upload
 

@@ -130,6 +130,7 @@ def settings(s3_endpoint, tmp_path_factory) -> Settings:
         s3_bucket=f"test-{uuid.uuid4().hex[:12]}",
         max_upload_bytes=2 * 1024 * 1024,
         max_audio_s=60,
+        auth="none",  # tests of keys and tenants turn it on (tests/api/test_tenants.py)
     )
 
 
@@ -144,6 +145,7 @@ def stack_env(s3_endpoint) -> dict[str, str]:
         "WHISPERFLEET_MAX_UPLOAD_BYTES": str(4 * 1024 * 1024),
         "WHISPERFLEET_MAX_AUDIO_S": "60",
         "WHISPERFLEET_DEVICE": "cpu",
+        "WHISPERFLEET_AUTH": "none",
         "WHISPERFLEET_METRICS_PORT": str(free_port()),
     }
 

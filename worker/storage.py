@@ -22,7 +22,7 @@ PART_SIZE = 8 * 1024 * 1024
 
 class Storage:
     def __init__(self, settings: Settings):
-        self.bucket = settings.s3_bucket
+        self.settings, self.bucket = settings, settings.s3_bucket
         self.client: BaseClient = boto3.client(
             "s3",
             endpoint_url=settings.s3_endpoint_url,
@@ -48,8 +48,22 @@ class Storage:
     def ping(self) -> None:
         self.client.head_bucket(Bucket=self.bucket)
 
-    def get(self, key: str) -> bytes:
-        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+    def get(self, key: str, bucket: str | None = None) -> bytes:
+        """The object `key` of `bucket` (default: the job bucket)."""
+        return self.client.get_object(Bucket=bucket or self.bucket, Key=key)["Body"].read()
+
+    def head(self, key: str, bucket: str | None = None, first: int = 0) -> tuple[int, bytes]:
+        """The size of an object and its `first` bytes (at most), in one request."""
+        if first <= 0:
+            return self.client.head_object(Bucket=bucket or self.bucket, Key=key)[
+                "ContentLength"
+            ], b""
+        reply = self.client.get_object(
+            Bucket=bucket or self.bucket, Key=key, Range=f"bytes=0-{first - 1}"
+        )
+        total = reply.get("ContentRange", "").rpartition("/")[2]
+        data = reply["Body"].read()
+        return (int(total) if total.isdigit() else len(data)), data
 
     def put_once(self, key: str, data: bytes, content_type: str) -> bool:
         """Write `key` unless it exists. True if this call wrote it."""
@@ -62,6 +76,22 @@ class Storage:
                 return False
             raise
         return True
+
+    def presign(self, key: str, endpoint_url: str, ttl_s: int) -> str:
+        """A GET URL of `key` that clients can use for `ttl_s`, signed for `endpoint_url` (the
+        storage's public address: the signature covers the host)."""
+        s = self.settings
+        public = boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=s.s3_region,
+            aws_access_key_id=s.s3_access_key_id,
+            aws_secret_access_key=s.s3_secret_access_key,
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+        )
+        return public.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=ttl_s
+        )
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=key)

@@ -1,31 +1,43 @@
 from __future__ import annotations
 
+import json
 import logging
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from functools import partial
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import OwnedJobDep, QueueDep, SettingsDep, StorageDep, StoreDep, TenantDep
+from api.deps import (
+    OwnedJobDep,
+    QueueDep,
+    SettingsDep,
+    StorageDep,
+    StoreDep,
+    TenantDep,
+    TenantsDep,
+)
 from api.errors import ApiError, ErrorBody
-from api.schemas import JobPublic
-from api.upload import receive_upload
-from worker.contract.dispatch import dispatch
+from api.schemas import JobList, JobPublic, ResultUrl
+from api.submit import Submitter
 from worker.contract.formats import WRITERS
-from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, input_key, new_job_id
-from worker.contract.options import JobCreate
+from worker.contract.jobs import TERMINAL, JobError, JobRecord, JobStatus, TransitionError
+from worker.contract.options import JobCreate, SourceJob
 from worker.contract.results import TranscriptResult
-from worker.storage import ObjectWriter
+from worker.webhooks import notify
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-ERRORS = {code: {"model": ErrorBody} for code in (404, 409, 413, 422, 503)}
+ERRORS = {code: {"model": ErrorBody} for code in (401, 404, 409, 422, 503)}
+SUBMIT_ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 409, 413, 422, 429, 503)}
+MAX_JSON_BYTES = 64 * 1024
 RESULT = {
-    "model": TranscriptResult,
+    "model": TranscriptResult | ResultUrl,
     "description": "the transcript in the format asked for: `json` as described here, "
-    "`verbose_json` in OpenAI's shape, `text`, `srt` and `vtt` as text",
+    "`verbose_json` in OpenAI's shape, `text`, `srt` and `vtt` as text; with `download=url`, "
+    "a presigned URL of the stored json result",
     "content": {
         w.media_type: {"schema": {"type": "string"}}
         for w in WRITERS.values()
@@ -51,12 +63,15 @@ def _form_schema() -> dict:
     "",
     status_code=202,
     response_model=JobPublic,
-    responses=ERRORS,
+    responses=SUBMIT_ERRORS,
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"multipart/form-data": {"schema": _form_schema()}},
-        }
+            "content": {
+                "multipart/form-data": {"schema": _form_schema()},
+                "application/json": {"schema": SourceJob.model_json_schema()},
+            },
+        },
     },
 )
 async def create_job(
@@ -65,64 +80,74 @@ async def create_job(
     store: StoreDep,
     storage: StorageDep,
     queue: QueueDep,
+    tenants: TenantsDep,
     tenant: TenantDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            description="a retry with the same key and request answers the first job; with "
+            "another request, 409 `idempotency_conflict` (kept 24 h)"
+        ),
+    ] = None,
 ) -> JobPublic:
-    """Upload audio or a .npy log-mel spectrogram (multipart field `file`) and queue it.
+    """Queue a job: upload audio or a .npy log-mel spectrogram (multipart field `file`), or
+    name an object in storage (JSON `{"source": "s3://bucket/key", ...}`, inside the sources
+    the tenant may read).
 
-    The other form fields are the job's options (the request body's schema lists them, with
-    their values and defaults): `model`, `language`, `task`, `mode`, `prompt`, `timestamps`
-    (false: each 30 s window is one segment), `seed`, `priority`, `input`; an empty field counts as
+    The other fields are the job's options (the request body's schemas list them, with their
+    values and defaults): `model`, `language`, `task`, `mode`, `prompt`, `timestamps`,
+    `temperature`, `seed`, `priority`, `input`, `webhook`; an empty form field counts as
     omitted. Refused with 422 before anything is queued, the upload deleted: an unknown field
     (`invalid_request`), a bad value (`invalid_option`), a model the server does not serve
     (`unknown_model`), `task=translate` or a `language` other than `en` on an English-only
     model (`invalid_option`), a declared `input` the file is not (`invalid_audio` /
-    `invalid_spectrogram`).
+    `invalid_spectrogram`), a webhook on a private address (`invalid_webhook`).
     """
-    job_id = new_job_id()
-    writer, record = storage.writer(input_key(tenant, job_id)), None
-    await run_in_threadpool(store.redis.ping)  # Redis away: 503 before a byte is stored
-    try:
-        upload = await receive_upload(
-            request, writer, settings.max_upload_bytes, settings.max_audio_s
-        )
-        head = upload.head
-        job = JobCreate.parse(upload.fields).resolve(settings, head.sniffed.kind)
-        record = JobRecord(
-            id=job_id,
-            tenant=tenant,
-            model=job.model,
-            options=job.options,
-            priority=job.priority,
-            input=JobInput(
-                kind=job.input,
-                bytes=upload.size,
-                filename=upload.filename,
-                format=head.sniffed.format,
-                frames=head.npy.frames if head.npy else None,
-            ),
-        )
-        await run_in_threadpool(store.create, record)
-        await run_in_threadpool(dispatch, queue, store, record)
-    except BaseException:
-        await run_in_threadpool(_withdraw, job_id, writer, store if record else None)
-        raise
+    submit = Submitter(request, settings, store, storage, queue, tenants, tenant)
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind == "application/json":
+        record = await submit.source(await _source_job(request))
+    else:
+        record = await submit.upload()
     return JobPublic.from_record(record)
 
 
-def _withdraw(job_id: str, writer: ObjectWriter, store: JobStore | None) -> None:
-    """Undo a submission that was refused or failed halfway, best effort: its record if one
-    may have been written (a message already sent for it is then dropped by the worker), and
-    whatever of its input was stored. What cannot be undone now, with Redis or storage away,
-    is left to the orphan sweeper (worker.orphans) or, for a record, to the worker, which
-    fails a job whose input is gone."""
-    steps = [("input", writer.abort)]
-    if store is not None:  # first: a job without its record is never run
-        steps.insert(0, ("record", partial(store.delete, job_id)))
-    for what, undo in steps:
-        try:
-            undo()
-        except Exception as e:
-            log.warning("job %s: its %s could not be withdrawn: %s", job_id, what, e)
+async def _source_job(request: Request) -> SourceJob:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_JSON_BYTES:
+            raise ApiError(413, "too_large", f"a JSON body is at most {MAX_JSON_BYTES} bytes")
+    try:
+        fields = json.loads(body)
+    except ValueError as e:
+        raise ApiError(422, "invalid_request", "the body is not JSON") from e
+    if not isinstance(fields, dict) or "source" not in fields:
+        raise ApiError(
+            422,
+            "invalid_request",
+            'expected a JSON object with "source": "s3://bucket/key" (or a multipart upload)',
+        )
+    if not isinstance(fields["source"], str):
+        raise ApiError(422, "invalid_source", "source: expected a string, s3://bucket/key")
+    return SourceJob.parse(fields)
+
+
+@router.get("", response_model=JobList, responses=ERRORS)
+def list_jobs(
+    tenant: TenantDep,
+    store: StoreDep,
+    status: JobStatus | None = None,
+    created_after: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9]{17}:[0-9a-f]{32}$")] = None,
+) -> JobList:
+    """The tenant's jobs, newest first, `limit` at a time: pass `next_cursor` back as
+    `cursor` for the next page (jobs added meanwhile do not shift it)."""
+    if created_after is not None and created_after.tzinfo is None:
+        created_after = created_after.replace(tzinfo=UTC)
+    page = store.page(tenant, limit, cursor, created_after, status)
+    return JobList(data=[JobPublic.from_record(r) for r in page.records], next_cursor=page.cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)
@@ -131,17 +156,95 @@ def read_job(job: OwnedJobDep) -> JobPublic:
     return JobPublic.from_record(job)
 
 
-@router.get("/{job_id}/result", responses={200: RESULT, **ERRORS})
+@router.get(
+    "/{job_id}/result",
+    responses={200: RESULT, **ERRORS},
+)
 async def read_result(
-    job: OwnedJobDep, storage: StorageDep, format: ResultFormat = ResultFormat.json
+    job: OwnedJobDep,
+    storage: StorageDep,
+    settings: SettingsDep,
+    format: ResultFormat = ResultFormat.json,
+    download: Literal["url"] | None = None,
 ) -> Response:
     """The transcript of a succeeded job: `json` (whisperfleet's result), `verbose_json`
-    (OpenAI's shape), `text`, `srt` or `vtt`."""
+    (OpenAI's shape), `text`, `srt` or `vtt`; with `download=url`, a presigned URL of the
+    stored `json` result instead. A failed job answers 409 `job_failed` with its reason, a
+    cancelled one `job_cancelled`, one not yet done `not_ready`."""
+    if job.status is JobStatus.failed:
+        why = job.error.message if job.error else "no reason recorded"
+        code = job.error.code if job.error else "internal"
+        raise ApiError(409, "job_failed", f"job {job.id} failed ({code}): {why}")
+    if job.status is JobStatus.cancelled:
+        raise ApiError(409, "job_cancelled", f"job {job.id} was cancelled")
     if job.status is not JobStatus.succeeded:
-        why = f": {job.error.message}" if job.error else ""
-        raise ApiError(409, "not_ready", f"job {job.id} is {job.status}{why}")
+        raise ApiError(
+            409, "not_ready", f"job {job.id} is {job.status}; poll GET /v1/jobs/{job.id}"
+        )
+    if download is not None:
+        return _download(job, storage, settings, format)
     stored = await run_in_threadpool(storage.get, job.result_key)
     writer = WRITERS[format]
     return Response(
         writer.render(TranscriptResult.model_validate_json(stored)), media_type=writer.media_type
     )
+
+
+def _download(job: JobRecord, storage, settings, format: ResultFormat) -> Response:
+    if settings.s3_public_endpoint_url is None:
+        raise ApiError(
+            409,
+            "download_unavailable",
+            "this server gives no download URLs (WHISPERFLEET_S3_PUBLIC_ENDPOINT_URL is not "
+            "set); read the result here",
+        )
+    if format is not ResultFormat.json:
+        raise ApiError(
+            422,
+            "invalid_request",
+            "download=url serves the stored json result; other formats are rendered here",
+        )
+    ttl = settings.result_url_ttl_s
+    url = storage.presign(job.result_key, settings.s3_public_endpoint_url, ttl)
+    expires = datetime.now(UTC) + timedelta(seconds=ttl)
+    return JSONResponse(ResultUrl(url=url, expires_at=expires).model_dump(mode="json"))
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=200,
+    response_model=JobPublic,
+    responses={
+        204: {"description": "the finished job, its input and result are deleted"},
+        **ERRORS,
+    },
+)
+async def delete_job(
+    job: OwnedJobDep, store: StoreDep, storage: StorageDep, queue: QueueDep, settings: SettingsDep
+) -> Response:
+    """Cancel a queued or running job (200, the record `cancelled`: a queued job never runs, a
+    running one is aborted at the worker's next step), deleting the objects it made (its
+    uploaded input, any result; never an `s3://` source); the record is kept
+    `WHISPERFLEET_CANCELLED_RETENTION_S`. On a finished job: deletes its objects and its
+    record (204; then 404)."""
+    if job.status not in TERMINAL:
+        try:
+            error = JobError(code="cancelled", message="cancelled by the client")
+            job = await run_in_threadpool(
+                store.transition, job.id, JobStatus.cancelled, error=error
+            )
+        except TransitionError:  # it ended meanwhile: deleted as a finished job
+            job = await run_in_threadpool(store.get, job.id) or job
+        else:
+            await run_in_threadpool(_delete_objects, storage, job)
+            await run_in_threadpool(store.expire, job.id, settings.cancelled_retention_s)
+            await run_in_threadpool(notify, queue, job)
+            return JSONResponse(JobPublic.from_record(job).model_dump(mode="json"))
+    await run_in_threadpool(_delete_objects, storage, job)
+    await run_in_threadpool(store.delete, job)
+    return Response(status_code=204)
+
+
+def _delete_objects(storage, job: JobRecord) -> None:
+    for key in job.owned_keys:
+        storage.delete(key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -87,12 +88,36 @@ class JobRecord(BaseModel):
     quarantined: bool = False
     quarantine_deaths: int = 0
     worker: str | None = None  # the worker that ran (or runs) the latest attempt
+    # the input named by the client (s3://bucket/key): read, never written or deleted; None:
+    # the input was uploaded, and is the job's own object (`input_key`)
+    source: str | None = None
+    webhook: str | None = None  # posted the record on the terminal state (worker.webhooks)
     progress: Progress = Field(default_factory=Progress)
     error: JobError | None = None
 
     @property
     def input_key(self) -> str:
         return input_key(self.tenant, self.id)
+
+    @property
+    def input_location(self) -> tuple[str | None, str]:
+        """(bucket, key) of the input: the tenant's source, or (None: the job bucket) the
+        uploaded object."""
+        if self.source is None:
+            return None, self.input_key
+        bucket, _, key = self.source.removeprefix("s3://").partition("/")
+        return bucket, key
+
+    @property
+    def owned_keys(self) -> list[str]:
+        """The objects this job created, deleted with it: never a tenant's own source."""
+        own = [self.result_key]
+        return own if self.source else [self.input_key, *own]
+
+    @property
+    def listed_as(self) -> str:
+        """Its member in the tenant's list: sorted by creation, then id."""
+        return f"{int(self.created_at.timestamp() * 1e6):017d}:{self.id}"
 
     @property
     def result_key(self) -> str:
@@ -115,6 +140,12 @@ class TransitionError(RuntimeError):
     """The job is not in a state that allows the requested move."""
 
 
+@dataclass(frozen=True)
+class Page:
+    records: list[JobRecord]
+    cursor: str | None  # where the next page starts; None: this was the last
+
+
 class JobStore:
     """Job records as JSON strings under `whisperfleet:job:<id>`.
 
@@ -122,6 +153,9 @@ class JobStore:
     by when each was last looked at), and `:sent`, the jobs whose message waits in a queue (set
     after the message is published, cleared when a worker receives it). A queued job missing
     from `:sent` for long has lost its message (Redis lost it, or its receiver died).
+    For each tenant: `:tenant:<t>:jobs`, its jobs by creation (a sorted set of `listed_as`
+    members, all scored 0, read by lexical range: a cursor is a member, so pages stay
+    correct while jobs are added), and `:tenant:<t>:inflight`, its jobs not yet terminal.
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
@@ -132,22 +166,83 @@ class JobStore:
     def _key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
 
+    def _listing(self, tenant: str) -> str:
+        return f"{self.prefix}:tenant:{tenant}:jobs"
+
+    def _inflight(self, tenant: str) -> str:
+        return f"{self.prefix}:tenant:{tenant}:inflight"
+
     def create(self, record: JobRecord) -> None:
-        with self.redis.pipeline() as pipe:  # MULTI: the record and its index entry together
+        with self.redis.pipeline() as pipe:  # MULTI: the record and its index entries together
             pipe.set(self._key(record.id), record.model_dump_json(), nx=True)
             pipe.zadd(self.active, {record.id: time.time()})
-            created, _ = pipe.execute()
+            pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
+            pipe.sadd(self._inflight(record.tenant), record.id)
+            created, *_ = pipe.execute()
         if not created:
             raise TransitionError(f"job {record.id} already exists")
 
-    def delete(self, job_id: str) -> None:
-        """Forget a job that was never accepted (its submission failed halfway): a message
-        already sent for it is dropped by the worker, which finds no record."""
+    def delete(self, record: JobRecord) -> None:
+        """Forget a job: one that was never accepted (its submission failed halfway), or one
+        deleted with its objects. A message still queued for it is dropped by the worker,
+        which finds no record."""
         with self.redis.pipeline() as pipe:
-            pipe.delete(self._key(job_id))
-            pipe.zrem(self.active, job_id)
-            pipe.hdel(self.sent, job_id)
+            pipe.delete(self._key(record.id))
+            pipe.zrem(self.active, record.id)
+            pipe.hdel(self.sent, record.id)
+            pipe.zrem(self._listing(record.tenant), record.listed_as)
+            pipe.srem(self._inflight(record.tenant), record.id)
             pipe.execute()
+
+    def in_flight(self, tenant: str) -> int:
+        """The tenant's jobs not yet terminal."""
+        return self.redis.scard(self._inflight(tenant))
+
+    def expire(self, job_id: str, after_s: float) -> None:
+        """Let a terminal record go `after_s` from now (the tenant's list forgets it when it
+        finds it gone)."""
+        self.redis.expire(self._key(job_id), max(1, int(after_s)))
+
+    def page(
+        self,
+        tenant: str,
+        limit: int,
+        cursor: str | None = None,
+        created_after: datetime | None = None,
+        status: JobStatus | None = None,
+        scan: int = 2000,
+    ) -> Page:
+        """The tenant's jobs, newest first: at most `limit`, after `cursor` (a page's own),
+        created after `created_after`, in `status`. At most `scan` entries are looked at per
+        call, so a rare status ends a page early, with a cursor to go on from."""
+        listing = self._listing(tenant)
+        high = f"({cursor}" if cursor else "+"
+        low = "-"
+        if created_after is not None:  # ';' sorts after ':': past every id of that microsecond
+            low = f"({int(created_after.timestamp() * 1e6):017d};"
+        records: list[JobRecord] = []
+        looked = 0
+        while len(records) < limit and looked < scan:
+            batch = min(max(limit - len(records), 50), scan - looked)
+            members = [m.decode() for m in self.redis.zrevrangebylex(listing, high, low, 0, batch)]
+            if not members:
+                return Page(records, None)
+            looked += len(members)
+            raws = self.redis.mget([self._key(m.partition(":")[2]) for m in members])
+            gone = [m for m, raw in zip(members, raws, strict=True) if raw is None]
+            if gone:  # records that expired, or were deleted between the two reads
+                self.redis.zrem(listing, *gone)
+            for member, raw in zip(members, raws, strict=True):
+                if raw is None:
+                    continue
+                record = JobRecord.model_validate_json(raw)
+                if status is None or record.status is status:
+                    records.append(record)
+                    if len(records) == limit:
+                        return Page(records, member)
+            high = f"({members[-1]}"
+        more = self.redis.zrevrangebylex(listing, high, low, 0, 1)
+        return Page(records, high[1:] if more else None)
 
     def exist(self, job_ids: list[str]) -> list[bool]:
         """Whether each job has a record, in one round trip."""
@@ -201,6 +296,7 @@ class JobStore:
                     if updated.status in TERMINAL:
                         pipe.zrem(self.active, job_id)
                         pipe.hdel(self.sent, job_id)
+                        pipe.srem(self._inflight(updated.tenant), job_id)
                     else:
                         pipe.zadd(self.active, {job_id: time.time()})
                     pipe.execute()
@@ -231,12 +327,19 @@ class JobStore:
 
         return self._update(job_id, change)
 
-    def set_progress(self, job_id: str, progress: Progress) -> None:
-        """Record how far a running job has come; a no-op once it is no longer running."""
+    def set_progress(self, job_id: str, progress: Progress) -> JobRecord | None:
+        """Record how far a running job has come, and return its record (None: it is gone),
+        from which the job learns that it was cancelled. A record no longer running is not
+        written (a terminal one keeps the expiry its retention gave it)."""
+        seen: list[JobRecord] = []
 
         def change(record: JobRecord) -> JobRecord:
-            if record.status is JobStatus.running:
-                return record.model_copy(update={"progress": progress})
-            return record
+            if record.status is not JobStatus.running:
+                seen.append(record)
+                raise TransitionError(f"job {job_id} is {record.status}")  # nothing written
+            return record.model_copy(update={"progress": progress})
 
-        self._update(job_id, change)
+        try:
+            return self._update(job_id, change)
+        except TransitionError:  # not running, or gone
+            return seen[-1] if seen else None

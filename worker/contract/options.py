@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
@@ -69,6 +70,14 @@ class JobOptions(BaseModel):
     timestamps: bool = Field(
         True, description="segment timestamps; without them each 30 s window is one segment"
     )
+    temperature: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="the first temperature of Whisper's fallback schedule (0, 0.2, ... 1): a "
+        "window is decoded again hotter while its text looks wrong; omitted: 0 (greedy "
+        "first); higher: sampled from the start",
+    )
     seed: int | None = Field(
         None,
         ge=0,
@@ -105,6 +114,26 @@ class JobCreate(JobOptions):
     input: InputKind | None = Field(
         None, description="what the file holds; omitted: recognised from its first bytes"
     )
+    webhook: str | None = Field(
+        None,
+        max_length=2048,
+        description="an http(s) URL posted the job's record, signed, when the job ends "
+        "(docs/api.md, Webhooks); private and loopback addresses are refused",
+    )
+
+    @field_validator("webhook")
+    @classmethod
+    def _web_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        url = urlsplit(value)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"webhook {value[:80]!r}: expected an http:// or https:// URL")
+        if url.username or url.password:
+            raise ValueError(
+                "webhook: credentials in the URL are not allowed; verify the signature instead"
+            )
+        return value
 
     @classmethod
     def parse(cls, fields: Mapping[str, Any]) -> JobCreate:
@@ -114,7 +143,7 @@ class JobCreate(JobOptions):
         except ValidationError as e:
             raise _refusal(e.errors()[0]) from e
 
-    def resolve(self, settings: Settings, kind: InputKind) -> JobCreate:
+    def resolve(self, settings: Settings, kind: InputKind | None) -> JobCreate:
         """This job as the server will run it: its model named and served, options that model
         can honour, its input the `kind` found in the file. Refuses at the door what the worker
         would only fail later."""
@@ -137,6 +166,8 @@ class JobCreate(JobOptions):
                     f"model {model!r} is English-only, but language={self.language}: drop "
                     f"language (or send en){instead}",
                 )
+        if kind is None:  # the file is not here yet: what can be checked without it
+            return self.model_copy(update={"model": model})
         if self.input is not None and self.input != kind:
             code = "invalid_spectrogram" if self.input == "spectrogram" else "invalid_audio"
             raise OptionError(code, f"declared input={self.input}, but the file is {kind}")
@@ -148,6 +179,14 @@ class JobCreate(JobOptions):
         return JobOptions(**{name: getattr(self, name) for name in JobOptions.model_fields})
 
 
+class SourceJob(JobCreate):
+    """A submission whose input is already in object storage, as a JSON body."""
+
+    source: str = Field(
+        description="s3://bucket/key of the input, inside the sources the tenant may read"
+    )
+
+
 def _refusal(error: ErrorDetails) -> OptionError:
     """One of pydantic's errors about a submission as the API says it: the field, the value
     received, what was expected; unknown fields are `invalid_request`, bad values
@@ -157,7 +196,7 @@ def _refusal(error: ErrorDetails) -> OptionError:
     received = repr(value) if len(repr(value)) <= 40 else f"of {len(str(value))} characters"
     match error["type"]:
         case "extra_forbidden":
-            known = ", ".join(JobCreate.model_fields)
+            known = ", ".join(JobCreate.model_fields)  # a source is named only in JSON
             return OptionError("invalid_request", f"unknown option {field!r}; expected {known}")
         case "value_error":  # our validators' own words, which name the value
             return OptionError("invalid_option", str(ctx["error"]))

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+DEFAULT_S3_KEY = "whisperfleet"
 FRAMES_PER_SECOND = 100  # log-mel frames a second of audio (Whisper's hop: 160 samples at 16 kHz)
 
 
@@ -32,11 +33,38 @@ class Settings(BaseSettings):
     s3_endpoint_url: str = "http://127.0.0.1:9000"
     s3_bucket: str = "whisperfleet"
     s3_region: str = "us-east-1"
-    s3_access_key_id: str = "whisperfleet"
-    s3_secret_access_key: str = "whisperfleet"
+    # the embedded storage's keys; refused for any other storage
+    s3_access_key_id: str = DEFAULT_S3_KEY
+    s3_secret_access_key: str = DEFAULT_S3_KEY
     # how long one storage call waits for an answer (boto tries 3 times) before the API
     # answers 503 `unavailable` or the worker retries the job
     s3_timeout_s: float = Field(60.0, gt=0)
+    # where clients reach the same storage (a presigned result URL is signed for this host);
+    # unset: `?download=url` is refused, never answered with an internal address
+    s3_public_endpoint_url: str | None = None
+    result_url_ttl_s: int = Field(3600, gt=0, le=7 * 24 * 3600)
+
+    # Who may call the API: "keys" (Authorization: Bearer <key>, keys made with `whisperfleet
+    # keys create`) or "none" (everyone is tenant `default`: the local stack and quickstart).
+    auth: Literal["keys", "none"] = "keys"
+    # A tenant's settings unless `whisperfleet tenants set` gave it its own: the `s3://bucket/
+    # prefix` sources it may name as a job's input (none: uploads only), and its limits.
+    tenant_sources: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    tenant_jobs_per_minute: int = Field(600, gt=0)
+    tenant_jobs_in_flight: int = Field(1000, gt=0)
+    # an Idempotency-Key is remembered this long; a cancelled job's record is kept this long
+    idempotency_ttl_s: float = Field(24 * 3600.0, gt=0)
+    cancelled_retention_s: float = Field(7 * 24 * 3600.0, gt=0)
+    # browsers on these origins may call the API (none: CORS off)
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # POST /v1/audio/transcriptions waits this long for its job, then answers 202 with it
+    sync_timeout_s: float = Field(60.0, gt=0)
+    # Webhooks: posted by the `webhooks` process, each attempt within webhook_timeout_s,
+    # tried webhook_max_attempts times with backoff. Addresses that are private, loopback or
+    # link-local are refused unless inside one of webhook_allow_networks (CIDRs).
+    webhook_allow_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    webhook_max_attempts: int = Field(8, gt=0)
 
     # Models clients may ask for: "name" for the packaged weights (tiny.en, base) or
     # "name=source" where source is a local Hugging Face / CTranslate2 directory or a hub id.
@@ -103,6 +131,26 @@ class Settings(BaseSettings):
             name, _, source = entry.partition("=")
             models[name.strip()] = source.strip() or name.strip()
         return models
+
+    @field_validator("tenant_sources", "cors_origins", "webhook_allow_networks", mode="before")
+    @classmethod
+    def _parse_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _no_default_secrets_outside(self) -> Settings:
+        """The default storage keys are public: fine for the embedded storage on this host,
+        refused for any other."""
+        defaults = (DEFAULT_S3_KEY, DEFAULT_S3_KEY)
+        if (self.s3_access_key_id, self.s3_secret_access_key) == defaults:
+            if not self.storage_is_local:
+                raise ValueError(
+                    f"storage at {self.s3_endpoint_url} with the default keys: set "
+                    "WHISPERFLEET_S3_ACCESS_KEY_ID and WHISPERFLEET_S3_SECRET_ACCESS_KEY"
+                )
+        return self
 
     @field_validator("default_model")
     @classmethod
