@@ -19,18 +19,24 @@ compose() { $COMPOSE "${PROFILE[@]}" "$@"; }
 json() { python3 -c "import json, sys; print(json.load(sys.stdin)$1)"; }
 trap 'compose stop' EXIT
 
+scripts/compose_env.sh
 compose up -d --build "${UP[@]}"
 printf 'waiting for the API '
 for _ in $(seq 300); do curl -sf "$URL/readyz" >/dev/null && break; printf '.'; sleep 1; done
 echo
 curl -sf "$URL/readyz" >/dev/null || { compose logs --tail 30; exit 1; }
 
-submit() { curl -sf -F "file=@$CLIP" "$URL/v1/jobs" | json "['id']"; }
+# the API asks for a key: make one, as an operator would
+KEY=$(compose exec -T api whisperfleet keys create --tenant compose-check --name compose_check.sh)
+AUTH=(-H "Authorization: Bearer $KEY")
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/jobs") == 401 ]]
+
+submit() { curl -sf "${AUTH[@]}" -F "file=@$CLIP" "$URL/v1/jobs" | json "['id']"; }
 wait_text() {
   for _ in $(seq 600); do
-    case $(curl -sf "$URL/v1/jobs/$1" | json "['status']") in
-      succeeded) curl -sf "$URL/v1/jobs/$1/result?format=text"; return ;;
-      failed | cancelled) curl -sf "$URL/v1/jobs/$1"; echo; return 1 ;;
+    case $(curl -sf "${AUTH[@]}" "$URL/v1/jobs/$1" | json "['status']") in
+      succeeded) curl -sf "${AUTH[@]}" "$URL/v1/jobs/$1/result?format=text"; return ;;
+      failed | cancelled) curl -sf "${AUTH[@]}" "$URL/v1/jobs/$1"; echo; return 1 ;;
     esac
     sleep 1
   done

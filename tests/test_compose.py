@@ -8,6 +8,7 @@ import yaml
 from worker.contract.settings import Settings
 
 SERVICES = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())["services"]
+WHISPERFLEET = ("api", "webhooks", "worker", "worker-cpu")
 
 
 def test_every_service_is_restarted_when_it_dies():
@@ -17,7 +18,7 @@ def test_every_service_is_restarted_when_it_dies():
 
 def test_whisperfleet_services_get_settings_it_reads():
     known = {f"WHISPERFLEET_{name.upper()}" for name in Settings.model_fields}
-    for name in ("api", "worker", "worker-cpu"):
+    for name in WHISPERFLEET:
         env = SERVICES[name]["environment"]
         assert set(env) <= known, f"{name}: {sorted(set(env) - known)}"
         assert env["WHISPERFLEET_REDIS_URL"] == "redis://redis:6379/0"
@@ -26,7 +27,7 @@ def test_whisperfleet_services_get_settings_it_reads():
 
 def test_storage_keys_are_the_ones_whisperfleet_uses():
     storage = SERVICES["storage"]["environment"]
-    for name in ("api", "worker", "worker-cpu"):
+    for name in WHISPERFLEET:
         env = SERVICES[name]["environment"]
         assert env["WHISPERFLEET_S3_ACCESS_KEY_ID"] == storage["AWS_ACCESS_KEY_ID"]
         assert env["WHISPERFLEET_S3_SECRET_ACCESS_KEY"] == storage["AWS_SECRET_ACCESS_KEY"]
@@ -37,3 +38,19 @@ def test_the_gpu_worker_asks_for_gpus_and_the_cpu_one_runs_only_on_request():
     assert devices[0]["capabilities"] == ["gpu"]
     assert "deploy" not in SERVICES["worker-cpu"]
     assert SERVICES["worker-cpu"]["profiles"] == ["cpu"]
+
+
+def test_the_storage_keys_have_no_default_and_the_api_asks_for_keys():
+    """Compose refuses to start without .env's keys (`${VAR:?...}`), and no service opens the
+    API (WHISPERFLEET_AUTH stays `keys`)."""
+    storage = SERVICES["storage"]["environment"]
+    for value in (storage["AWS_ACCESS_KEY_ID"], storage["AWS_SECRET_ACCESS_KEY"]):
+        assert value.startswith("${STORAGE_") and ":?" in value and ":-" not in value
+    for name in WHISPERFLEET:
+        assert "WHISPERFLEET_AUTH" not in SERVICES[name]["environment"]
+
+
+def test_webhooks_are_posted_by_their_own_light_service():
+    webhooks = SERVICES["webhooks"]
+    assert webhooks["command"] == ["whisperfleet", "webhooks"]
+    assert webhooks["build"]["target"] == "api" and "deploy" not in webhooks
