@@ -33,6 +33,15 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 404, 409, 422, 503)}
 SUBMIT_ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 409, 413, 422, 429, 503)}
 MAX_JSON_BYTES = 64 * 1024
+# where a new job's id goes next (OpenAPI links: clients and schemathesis follow them)
+LINKS = {
+    name: {"operationId": f"jobs-{operation}", "parameters": {"job_id": "$response.body#/id"}}
+    for name, operation in (
+        ("ReadJob", "read_job"),
+        ("ReadResult", "read_result"),
+        ("DeleteJob", "delete_job"),
+    )
+}
 RESULT = {
     "model": TranscriptResult | ResultUrl,
     "description": "the transcript in the format asked for: `json` as described here, "
@@ -63,7 +72,7 @@ def _form_schema() -> dict:
     "",
     status_code=202,
     response_model=JobPublic,
-    responses=SUBMIT_ERRORS,
+    responses={202: {"links": LINKS}, **SUBMIT_ERRORS},
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -138,16 +147,34 @@ def list_jobs(
     tenant: TenantDep,
     store: StoreDep,
     status: JobStatus | None = None,
-    created_after: datetime | None = None,
+    created_after: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            json_schema_extra={"format": "date-time"},
+            description="ISO 8601; UTC when it has no zone",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9]{17}:[0-9a-f]{32}$")] = None,
 ) -> JobList:
     """The tenant's jobs, newest first, `limit` at a time: pass `next_cursor` back as
     `cursor` for the next page (jobs added meanwhile do not shift it)."""
-    if created_after is not None and created_after.tzinfo is None:
-        created_after = created_after.replace(tzinfo=UTC)
-    page = store.page(tenant, limit, cursor, created_after, status)
+    page = store.page(tenant, limit, cursor, _time(created_after), status)
     return JobList(data=[JobPublic.from_record(r) for r in page.records], next_cursor=page.cursor)
+
+
+def _time(text: str | None) -> datetime | None:
+    """An ISO 8601 time; only that (a number is not a time here, whatever pydantic thinks)."""
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as e:
+        raise ApiError(
+            422, "invalid_request", f"created_after {text!r}: expected an ISO 8601 time"
+        ) from e
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)
