@@ -32,6 +32,7 @@ def _stack(args: argparse.Namespace) -> int:
             if (proc := ensure(settings, start=True)) is not None:
                 processes.add(Child(name, proc=proc, restart=False))
         processes.add(Child("worker", [*cli, "worker"]))
+        processes.add(Child("webhooks", [*cli, "webhooks"]))
         api = [*cli, "api", "--host", args.host, "--port", str(args.port)]
         processes.add(Child("api", api, restart=False))
         print(
@@ -75,6 +76,15 @@ def _worker(args: argparse.Namespace) -> int:
             "--without-mingle",
         ]
     )
+    return 0
+
+
+def _webhooks(args: argparse.Namespace) -> int:
+    from worker import webhooks
+    from worker.embedded import ensure_redis
+
+    ensure_redis(get_settings(), start=False)
+    webhooks.run(args.concurrency, args.backoff)
     return 0
 
 
@@ -243,6 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         help="0,1 or all: one worker process per GPU, each restarted if it dies",
     )
     p.set_defaults(func=_worker)
+
+    p = sub.add_parser("webhooks", help="post webhooks of finished jobs (no GPU, no torch)")
+    p.add_argument("--concurrency", type=int, default=16, help="posts in flight (default 16)")
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="before the second attempt; doubling, with jitter, at most an hour (default 30)",
+    )
+    p.set_defaults(func=_webhooks)
 
     p = sub.add_parser("transcribe", help="transcribe files here, without the queue")
     p.add_argument("files", nargs="+", metavar="FILE")

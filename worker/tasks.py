@@ -44,6 +44,7 @@ from worker.logs import current_job
 from worker.metrics import JOBS
 from worker.quarantine import Died, Quarantine, Unavailable
 from worker.storage import Storage
+from worker.webhooks import notify
 
 log = get_task_logger(__name__)
 
@@ -79,9 +80,12 @@ class JobTask(Task):
         if retval is not None:  # else the delivery was dropped
             progress = Progress(done_s=retval.duration, total_s=retval.duration)
             try:
-                self.store.transition(job_id, JobStatus.succeeded, progress=progress, error=None)
+                record = self.store.transition(
+                    job_id, JobStatus.succeeded, progress=progress, error=None
+                )
                 log.info("job %s succeeded", job_id)
                 JOBS.labels("succeeded").inc()
+                notify(app, record)  # its webhook, if it names one (worker.webhooks)
             except TransitionError as e:  # it ended otherwise meanwhile; its result stays
                 log.warning("job %s: %s", job_id, e)
             except redis.RedisError as e:
@@ -99,8 +103,9 @@ class JobTask(Task):
             error = JobFailed("internal", "the worker failed on this job").error
         log.info("job %s failed (%s): %s", job_id, error.code, error.message)
         try:
-            self.store.transition(job_id, JobStatus.failed, error=error)
+            record = self.store.transition(job_id, JobStatus.failed, error=error)
             JOBS.labels("failed").inc()
+            notify(app, record)
         except TransitionError as e:
             log.warning("job %s: %s", job_id, e)
         except redis.RedisError as e:
