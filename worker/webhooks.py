@@ -86,8 +86,12 @@ TOLERANCE_S = 300
 MAX_ANSWER_BYTES = 4096  # of a receiver's answer, read and thrown away
 DEFAULT_BACKOFF_S = 30.0  # before the second attempt; doubling, with jitter, at most MAX_DELAY_S
 MAX_DELAY_S = 3600.0
-# fields of a record that are the service's own business, never posted
-INTERNAL_FIELDS = frozenset({"tenant", "quarantined", "quarantine_deaths", "worker", "webhook"})
+# what is posted of a record: the fields `GET /v1/jobs/{id}` shows (api.schemas.JobPublic; a
+# test keeps the two equal), never the service's own (tenant, worker, quarantine)
+PUBLIC_FIELDS = frozenset(
+    {"id", "status", "model", "options", "priority", "input", "created_at", "started_at",
+     "finished_at", "attempts", "progress", "error", "source", "webhook"}
+)  # fmt: skip
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
@@ -245,7 +249,7 @@ def verify(
 
 def payload(record: JobRecord) -> dict:
     """The record as the API shows it: without the service's own fields."""
-    return record.model_dump(mode="json", exclude=set(INTERNAL_FIELDS))
+    return record.model_dump(mode="json", include=set(PUBLIC_FIELDS))
 
 
 def body(record: JobRecord) -> bytes:
