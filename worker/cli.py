@@ -19,12 +19,19 @@ from worker.supervisor import Child, Supervisor
 
 # What the `engine` extra installs; only `api` runs without it.
 ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "av", "tqdm", "jiwer", "moto")
+LIGHT_COMMANDS = ("api", "keys", "tenants", "webhooks")  # these run without the engine
 
 
 def _stack(args: argparse.Namespace) -> int:
-    """Redis and storage if missing, then the API and a worker; Ctrl-C stops them all."""
+    """Redis and storage if missing, then the API, a worker and the webhook sender; Ctrl-C
+    stops them all. The API is open (WHISPERFLEET_AUTH=none) and webhooks may go to loopback
+    unless the environment says otherwise: a stack on this machine, for one user."""
     from worker.embedded import ensure_redis, ensure_storage
 
+    os.environ.setdefault("WHISPERFLEET_AUTH", "none")  # the children inherit these
+    # a receiver on this machine takes the webhooks of a stack on this machine
+    os.environ.setdefault("WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")
+    get_settings.cache_clear()
     settings = get_settings()
     cli = [sys.executable, "-m", "worker.cli"]
     with Supervisor(stop_timeout=15) as processes:
@@ -36,8 +43,9 @@ def _stack(args: argparse.Namespace) -> int:
         api = [*cli, "api", "--host", args.host, "--port", str(args.port)]
         processes.add(Child("api", api, restart=False))
         print(
-            f"whisperfleet: API on http://{args.host}:{args.port} (docs at /docs), "
-            f"storage {settings.s3_endpoint_url}, Redis {settings.redis_url}. Ctrl-C stops it.",
+            f"whisperfleet: API on http://{args.host}:{args.port} (docs at /docs; "
+            f"auth: {settings.auth}), storage {settings.s3_endpoint_url}, Redis "
+            f"{settings.redis_url}. Ctrl-C stops it.",
             flush=True,
         )
         return processes.watch()
@@ -119,6 +127,83 @@ def _worker_per_gpu(gpus: list[str], concurrency: int | None) -> int:
             processes.add(Child(f"worker on GPU {gpu}", cli, env))
         return processes.watch()
     return 0  # drained after Ctrl-C or SIGTERM
+
+
+def _tenants():
+    import redis
+
+    from worker.contract.tenants import Tenants
+
+    settings = get_settings()
+    return Tenants(redis.Redis.from_url(settings.redis_url), settings)
+
+
+def _keys(args: argparse.Namespace) -> int:
+    """API keys: made, listed, revoked. A key is printed once, when it is made."""
+    from worker.contract.tenants import TenantError
+
+    tenants = _tenants()
+    if args.action == "create":
+        try:
+            key, record = tenants.create_key(args.tenant, args.name)
+        except TenantError as e:
+            print(f"whisperfleet keys: {e}", file=sys.stderr)
+            return 2
+        print(key)
+        print(
+            f"key {record.id} for tenant {record.tenant}: shown this once; store it now",
+            file=sys.stderr,
+        )
+    elif args.action == "list":
+        print(f"{'id':<14}{'tenant':<24}{'created':<27}name")
+        for k in tenants.keys(args.tenant):
+            created = k.created_at.isoformat(timespec="seconds")
+            print(f"{k.id:<14}{k.tenant:<24}{created:<27}{k.name or ''}")
+    elif not tenants.revoke(args.id):
+        print(f"whisperfleet keys: no key {args.id}", file=sys.stderr)
+        return 1
+    else:
+        print(f"revoked key {args.id}")
+    return 0
+
+
+def _tenant_settings(args: argparse.Namespace) -> int:
+    """A tenant's settings: what it may read from storage, its limits, its webhook secret."""
+    from pydantic import ValidationError
+
+    from worker.contract.tenants import TenantError
+
+    tenants = _tenants()
+    if args.action == "list":
+        for name in tenants.tenants():
+            print(name)
+        return 0
+    if args.action == "set":
+        changes = {
+            name: value
+            for name in ("sources", "jobs_per_minute", "jobs_in_flight")
+            if (value := getattr(args, name)) is not None
+        }
+        if args.default_sources:
+            changes["sources"] = None
+        try:
+            tenants.update(args.tenant, **changes)
+        except (TenantError, ValidationError) as e:
+            print(f"whisperfleet tenants: {e}", file=sys.stderr)
+            return 2
+    own, limits = tenants.get(args.tenant), tenants.limits(args.tenant)
+    print(
+        json.dumps(
+            {
+                "tenant": args.tenant,
+                **limits.model_dump(),
+                "own": own.model_dump(exclude={"webhook_secret"}),
+                "webhook_secret": own.webhook_secret,
+            },
+            indent=1,
+        )
+    )
+    return 0
 
 
 def _engine(args: argparse.Namespace, **config: object):
@@ -265,6 +350,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.set_defaults(func=_webhooks)
 
+    p = sub.add_parser("keys", help="API keys: create, list, revoke")
+    keys = p.add_subparsers(dest="action", required=True)
+    k = keys.add_parser("create", help="a new key for a tenant, printed once")
+    k.add_argument("--tenant", required=True, help="a-z, 0-9, - and _ (created if new)")
+    k.add_argument("--name", help="what the key is for (shown by `keys list`)")
+    k = keys.add_parser("list", help="keys (never the keys themselves: their ids)")
+    k.add_argument("--tenant")
+    k = keys.add_parser("revoke", help="a key stops working at once")
+    k.add_argument("id", help="the key's id, from `keys list`")
+    p.set_defaults(func=_keys)
+
+    p = sub.add_parser("tenants", help="a tenant's settings: sources, limits, webhook secret")
+    tenant = p.add_subparsers(dest="action", required=True)
+    tenant.add_parser("list", help="tenants with settings or keys")
+    t = tenant.add_parser("show", help="settings in effect (configuration defaults filled in)")
+    t.add_argument("tenant")
+    t = tenant.add_parser("set", help="change some settings; the others stay")
+    t.add_argument("tenant")
+    t.add_argument(
+        "--source",
+        dest="sources",
+        action="append",
+        metavar="S3_URI",
+        help="s3://bucket/prefix/ the tenant may name as inputs (repeat; replaces the list)",
+    )
+    t.add_argument(
+        "--default-sources",
+        action="store_true",
+        help="back to WHISPERFLEET_TENANT_SOURCES",
+    )
+    t.add_argument("--jobs-per-minute", type=int)
+    t.add_argument("--jobs-in-flight", type=int)
+    p.set_defaults(func=_tenant_settings)
+
     p = sub.add_parser("transcribe", help="transcribe files here, without the queue")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--model", default=get_settings().default_model)
@@ -331,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     missing = [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
-    if args.command != "api" and missing:
+    if args.command not in LIGHT_COMMANDS and missing:
         raise SystemExit(
             f"whisperfleet {args.command} runs the engine, which needs {', '.join(missing)}: "
             "pip install 'whisperfleet[engine]' (torch first: see the README)"

@@ -17,9 +17,11 @@ import redis
 
 from engine.tools.wer import word_error_rate
 from tests.conftest import free_port, stop, wait_for_port
+from tests.worker.test_webhooks import Receiver
 from worker.contract.settings import Settings
 from worker.contract.tenants import Tenants
 from worker.storage import Storage
+from worker.webhooks import verify
 
 pytestmark = pytest.mark.slow
 REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -43,6 +45,7 @@ def stack(s3_endpoint, tmp_path_factory, clips):
         "WHISPERFLEET_MODELS": "tiny.en",
         "WHISPERFLEET_METRICS_PORT": "0",
         "WHISPERFLEET_AUTH": "keys",
+        "WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8",  # the test's receiver only
     }
     settings = Settings(**{k.removeprefix("WHISPERFLEET_").lower(): v for k, v in env.items()})
     storage = Storage(settings)
@@ -63,12 +66,19 @@ def stack(s3_endpoint, tmp_path_factory, clips):
     port = free_port()
     cli = [sys.executable, "-m", "worker.cli"]
     full = {**os.environ, **env}
-    with open(logs / "worker.log", "w") as wlog, open(logs / "api.log", "w") as alog:
+    with (
+        open(logs / "worker.log", "w") as wlog,
+        open(logs / "api.log", "w") as alog,
+        open(logs / "webhooks.log", "w") as hlog,
+    ):
         worker = subprocess.Popen(
             [*cli, "worker", "--concurrency", "4"], env=full, stdout=wlog, stderr=wlog
         )
         api = subprocess.Popen(
             [*cli, "api", "--port", str(port)], env=full, stdout=alog, stderr=alog
+        )
+        hooks = subprocess.Popen(
+            [*cli, "webhooks", "--backoff", "0.3"], env=full, stdout=hlog, stderr=hlog
         )
     try:
         wait_for_port(port, api)
@@ -76,7 +86,8 @@ def stack(s3_endpoint, tmp_path_factory, clips):
     finally:
         stop(api)
         stop(worker)
-        for name in ("api.log", "worker.log"):
+        stop(hooks)
+        for name in ("api.log", "worker.log", "webhooks.log"):
             sys.stderr.write(f"--- {name} (tail)\n{(logs / name).read_text()[-3000:]}\n")
 
 
@@ -335,3 +346,38 @@ def test_rate_limits_answer_429_with_retry_after(stack, clips):
     wait(http, first.json()["id"])
     assert submit(http, clips["en_jfk"].bytes).status_code == 202
     assert json.loads(stack.redis.get("whisperfleet:tenant:narrow"))["jobs_in_flight"] == 1
+
+
+def test_webhooks_are_signed_with_their_tenants_secret_and_retried(stack, clips):
+    receiver = Receiver()
+    receiver.script["/acme"] = [500, 200]  # the first attempt fails
+    try:
+        acme, beta = stack.client("acme"), stack.client("beta")
+        done = submit(acme, clips["en_jfk"].bytes, webhook=receiver.url("/acme")).json()
+        queued = submit(beta, clips["en_jfk"].bytes, webhook=receiver.url("/beta")).json()
+        # cancelled while still queued (posted `cancelled`), or deleted if it was done already
+        deleted = beta.delete(f"/v1/jobs/{queued['id']}").status_code
+        assert deleted in (200, 204)
+        posts = receiver.wait("/acme", 2, timeout=120)
+        assert len(posts) == 2, posts
+        job = acme.get(f"/v1/jobs/{done['id']}").json()
+        assert json.loads(posts[1]["body"]) == job and job["status"] == "succeeded"
+        ids = [p["headers"]["Whisperfleet-Webhook-Id"] for p in posts]
+        events = {p["headers"]["Whisperfleet-Event-Id"] for p in posts}
+        assert ids[0] != ids[1] and events == {f"{job['id']}.succeeded"}
+        secrets = {t: stack.tenants.get(t).webhook_secret for t in ("acme", "beta")}
+        assert verify(secrets["acme"], posts[1]["headers"], posts[1]["body"])
+        assert not verify(secrets["beta"], posts[1]["headers"], posts[1]["body"])
+
+        (theirs,) = receiver.wait("/beta", 1)
+        status = "cancelled" if deleted == 200 else "succeeded"
+        assert json.loads(theirs["body"])["status"] == status
+        assert json.loads(theirs["body"])["id"] == queued["id"]
+        assert verify(secrets["beta"], theirs["headers"], theirs["body"])
+        assert not verify(secrets["acme"], theirs["headers"], theirs["body"])
+        private = submit(acme, clips["en_jfk"].bytes, webhook="http://10.1.2.3/hook")
+        assert error(private, 422)["code"] == "invalid_webhook"
+        link_local = submit(acme, clips["en_jfk"].bytes, webhook="http://169.254.169.254/")
+        assert error(link_local, 422)["code"] == "invalid_webhook"
+    finally:
+        receiver.close()
