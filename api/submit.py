@@ -56,6 +56,7 @@ class Submitter:
         claim = await self._begin()
         if claim is not None and not claim.ours:  # a retry: read the body, store nothing
             upload = await self._receive(Discard(), parse, fields)
+            parse(upload.fields)  # every field checked (and read) as for a first request
             return await self._replay(claim, upload.fields, upload.digest)
         job_id = new_job_id()
         writer, record = self.storage.writer(input_key(self.tenant, job_id)), None
