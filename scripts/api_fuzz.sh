@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # schemathesis against the served OpenAPI document: moto's S3 server, the API with keys on,
-# a key for a tenant allowed one s3:// prefix (holding a real clip), no worker (jobs stay
-# queued: the door is under test). Every check: no 5xx, every answer as the document says
-# (status, content type, body schema, headers), and the rest of schemathesis' checks.
+# a key for a tenant allowed the s3:// prefix of the document's example (a real clip), no
+# worker (jobs stay queued: the door is under test). Every check: no 5xx, every answer as the
+# document says (status, content type, body schema, headers), and the rest of schemathesis'
+# checks but two that contradict the API's contract: positive_data_acceptance (a schema can
+# say "binary", not "audio": random bytes are refused, 422 invalid_audio) and use_after_free
+# (DELETE on a queued job cancels it and keeps its record `cancelled` for a while, as
+# documented; a second DELETE forgets it).
 #   scripts/api_fuzz.sh [max examples per operation, default 100]
 # Needs the test extra plus schemathesis (pip install schemathesis). Redis db 11, flushed.
 set -euo pipefail
@@ -35,11 +39,12 @@ for _ in range(100):
     except Exception:
         time.sleep(0.1)
 st = Storage(s)
-st.client.create_bucket(Bucket="fuzz-sources")
-st.client.put_object(Bucket="fuzz-sources", Key="fuzz/jfk.flac", Body=open("tests/data/en_jfk.flac", "rb").read())
+# the object the document's example names, so that jobs are made and their routes followed
+st.client.create_bucket(Bucket="archive")
+st.client.put_object(Bucket="archive", Key="acme/call-0042.flac", Body=open("tests/data/en_jfk.flac", "rb").read())
 tenants = Tenants(redis.Redis.from_url(s.redis_url), s)
-key, _ = tenants.create_key("fuzz")
-tenants.update("fuzz", sources=["s3://fuzz-sources/fuzz/"])
+key, _ = tenants.create_key("acme")
+tenants.update("acme", sources=["s3://archive/acme/"])
 print(key)
 PY
 )
@@ -50,7 +55,7 @@ for _ in $(seq 100); do curl -sf "http://127.0.0.1:$API_PORT/healthz" >/dev/null
 echo "schemathesis $($PY -m pip show schemathesis 2>/dev/null | sed -n 's/^Version: //p'), $EXAMPLES examples per operation; logs in $LOGS"
 set +e
 ${SCHEMATHESIS:-.venv/bin/schemathesis} run "http://127.0.0.1:$API_PORT/openapi.json" \
-  -H "Authorization: Bearer $KEY" --checks all --exclude-checks positive_data_acceptance \
+  -H "Authorization: Bearer $KEY" --checks all --exclude-checks positive_data_acceptance,use_after_free \
   --max-examples "$EXAMPLES" \
   --generation-deterministic --report junit --report-dir "$LOGS"
 status=$?

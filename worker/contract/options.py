@@ -183,7 +183,8 @@ class SourceJob(JobCreate):
     """A submission whose input is already in object storage, as a JSON body."""
 
     source: str = Field(
-        description="s3://bucket/key of the input, inside the sources the tenant may read"
+        description="s3://bucket/key of the input, inside the sources the tenant may read",
+        examples=["s3://archive/acme/call-0042.flac"],
     )
 
 
