@@ -5,7 +5,8 @@ there (CPU work, many at once) and hands it to the model's batcher, then waits. 
 one thread owns the stream: it submits the inputs that arrived together once `batch_size` wait
 or the oldest has waited `max_wait_s` (a lone interactive job is held back no longer), and
 steps the stream while any input is in it, handing each result back when its last window is
-decoded. Interactive inputs are admitted ahead of bulk ones.
+decoded. Interactive inputs are admitted ahead of bulk ones. A job cancelled meanwhile asks its
+batcher to take its input out (`Batcher.cancel`), which happens between two steps.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 DeviceFaultHandler = Callable[[BaseException], None]
 
 
+class Cancelled(Exception):
+    """The input was taken out before its result (its job was cancelled)."""
+
+
 class EngineFailed(RuntimeError):
     """The engine failed while this input was in flight; the input itself may be fine.
     `retry`: whether running it again can succeed (false: out of memory at one slot)."""
@@ -39,6 +44,13 @@ class EngineFailed(RuntimeError):
     def __init__(self, message: str, retry: bool):
         super().__init__(message)
         self.retry = retry
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    """A request, through the inbox, to take `ticket` out."""
+
+    ticket: Ticket
 
 
 @dataclass(eq=False)
@@ -70,8 +82,9 @@ class Batcher:
         self.stream, self.batch_size, self.max_wait_s = stream, batch_size, max_wait_s
         self.on_device_fault = on_device_fault
         self.last_tick = time.monotonic()  # the loop's last turn: a stalled engine stops here
-        self._inbox: queue.SimpleQueue[Ticket] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Ticket | _Cancel] = queue.SimpleQueue()
         self._pending: list[Ticket] = []
+        self._cancelled: list[Ticket] = []
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
         self._thread.start()
@@ -81,12 +94,20 @@ class Batcher:
         self._inbox.put(ticket)
         return ticket
 
+    def cancel(self, ticket: Ticket) -> None:
+        """Take `ticket`'s input out, from any thread: the batcher's own thread (the only one
+        that touches the stream, which is not thread-safe) does it at its next turn, between
+        two steps, freeing the input's slots; its future then raises Cancelled. Through the
+        inbox, so that an idle batcher wakes, and a ticket is never cancelled before it arrived."""
+        self._inbox.put(_Cancel(ticket))
+
     def close(self) -> None:
         """End the thread once the inputs it holds are done (the model is being dropped)."""
         self._closing = True
 
     def _take(self, busy: bool) -> None:
-        """Move arrivals to `_pending`; wait for one only when there is nothing else to do."""
+        """Move arrivals to `_pending` (and cancellations to `_cancelled`); wait for one only
+        when there is nothing else to do."""
         if busy:
             timeout = 0.0
         elif self._pending:
@@ -95,11 +116,29 @@ class Batcher:
             timeout = 1.0  # and turn the loop (last_tick) while idle
         try:
             first = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
-            self._pending.append(first)
+            self._arrive(first)
             while True:
-                self._pending.append(self._inbox.get_nowait())
+                self._arrive(self._inbox.get_nowait())
         except queue.Empty:
             pass
+
+    def _arrive(self, message: Ticket | _Cancel) -> None:
+        if isinstance(message, _Cancel):
+            self._cancelled.append(message.ticket)
+        else:
+            self._pending.append(message)
+
+    def _drop_cancelled(self) -> None:
+        """Take the cancelled inputs out: a pending one is forgotten, one in the stream aborted
+        (its windows leave their slots). One that finished already keeps its result."""
+        while self._cancelled:
+            ticket = self._cancelled.pop()
+            if ticket in self._pending:
+                self._pending.remove(ticket)
+            else:
+                self.stream.abort(ticket)
+            if not ticket.future.done():
+                ticket.future.set_exception(Cancelled("the input was cancelled"))
 
     def _ready(self) -> list[Ticket]:
         """The pending inputs, once there are enough of them or the oldest has waited enough."""
@@ -119,6 +158,7 @@ class Batcher:
             self._take(stream.busy)
             ready: list[Ticket] = []
             try:
+                self._drop_cancelled()
                 ready = self._ready()
                 if ready:
                     metrics.BATCH.observe(len(ready))

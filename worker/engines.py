@@ -19,7 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
-from worker.batching import Batcher, DeviceFaultHandler, EngineFailed, Ticket
+from worker.batching import Batcher, Cancelled, DeviceFaultHandler, EngineFailed, Ticket
 from worker.contract.options import SEED_LIMIT, JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
@@ -44,10 +44,19 @@ def job_seed(data: bytes, options: JobOptions) -> int:
     return int.from_bytes(digest.digest(), "big") % SEED_LIMIT
 
 
+def temperatures(first: float | None) -> tuple[float, ...]:
+    """Whisper's fallback schedule from `first` on: 0.3 -> (0.3, 0.4, ... 1.0)."""
+    schedule = TranscriptionOptions.temperature
+    if first is None:
+        return schedule
+    return (first, *(t for t in schedule if t > first))
+
+
 def engine_options(options: JobOptions, data: bytes) -> TranscriptionOptions:
     """A job's options as the engine takes them, for this input (its seed may come from it)."""
     return TranscriptionOptions(
         task=options.task,
+        temperature=temperatures(options.temperature),
         language=options.language,
         mode=options.mode,
         timestamps=options.timestamps,
@@ -156,11 +165,14 @@ class Engines:
         data: bytes,
         options: JobOptions,
         urgent: bool = True,
-        on_wait: Callable[[Ticket], None] | None = None,
-        wait_s: float = 2.0,
+        on_wait: Callable[[Ticket], bool | None] | None = None,
+        wait_s: float = 0.5,
     ) -> TranscriptResult:
         """Decode `data` on this thread, transcribe it among the other jobs' inputs, and call
-        `on_wait` every `wait_s` seconds meanwhile (to record progress)."""
+        `on_wait` every `wait_s` seconds meanwhile (to record progress). When it answers True
+        the job was cancelled: its input leaves the stream at the batcher's next turn (its
+        slots freed for the others) and Cancelled is raised. `wait_s` bounds how long a
+        cancelled job keeps its slots, so it is short: the look is one Redis read."""
         batcher = self._batcher(name)
         stream = batcher.stream
         checked = stream.check(engine_options(options, data))
@@ -171,9 +183,12 @@ class Engines:
                     try:
                         return transcript(ticket.future.result(timeout=wait_s), options)
                     except FutureTimeout:
-                        if on_wait:
-                            on_wait(ticket)
+                        if on_wait and on_wait(ticket):
+                            raise Cancelled("the job was cancelled") from None
             except EngineFailed as e:
                 # out of memory: the pool was halved, so run it again (at one slot, it fails)
                 if not (e.retry and isinstance(e.__cause__, torch.OutOfMemoryError)):
                     raise
+            except BaseException:
+                batcher.cancel(ticket)  # given up on (cancelled, on_wait failed): slots freed
+                raise

@@ -1,20 +1,23 @@
 """Running one job: read its input, transcribe it among the other jobs' inputs, store its
 result once. The task runs it in the worker process; the quarantine lane runs it in a process
 of its own (`worker.quarantine`). A result stored by an earlier run is kept: a job whose result
-exists always ends `succeeded`."""
+exists always ends `succeeded`, unless it was cancelled: a cancelled job's run stops, and no
+result of it may stay (the API deletes the job's objects when it cancels; a result the run
+stores after that, the run deletes)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import redis
 from botocore.exceptions import BotoCoreError, ClientError
 
 from engine import AudioError, InputTooLong, OptionsError, SpectrogramError
-from worker.batching import EngineFailed, Ticket
+from worker.batching import Cancelled, EngineFailed, Ticket
 from worker.contract.formats import WRITERS
-from worker.contract.jobs import JobError, JobRecord, JobStore, Progress
+from worker.contract.jobs import JobError, JobRecord, JobStatus, JobStore, Progress
 from worker.contract.results import TranscriptResult
 from worker.engines import Engines, UnknownModel
 from worker.failpoints import failpoint
@@ -32,6 +35,7 @@ BAD_INPUT = {  # the first that matches: an input too long is invalid audio too
     OptionsError: "invalid_option",
     UnknownModel: "unknown_model",
 }
+PROGRESS_EVERY_S = 2.0  # a running job's progress is written this often (it is looked at more)
 
 
 class JobFailed(Exception):
@@ -49,11 +53,30 @@ class JobFailed(Exception):
         return self.args[1]
 
 
+class JobCancelled(Exception):
+    """The job was cancelled while it ran: the run stopped, and stored nothing that stays."""
+
+
 @dataclass(frozen=True)
 class Stored:
     """A run whose result is stored (by it, or by an earlier run of the job)."""
 
     duration: float  # seconds of audio
+    result_key: str | None = None  # where (deleted if the job turns out cancelled)
+
+
+def cancelled(record: JobRecord | None) -> bool:
+    """Whether this record (None: gone) says its job must stop and leave nothing behind."""
+    return record is None or record.status is JobStatus.cancelled
+
+
+def was_cancelled(store: JobStore, job_id: str) -> bool:
+    """Whether the job was cancelled (or deleted), by one read; Redis away: not known, no."""
+    try:
+        return cancelled(store.get(job_id))
+    except redis.RedisError as e:
+        log.warning("job %s: record not read (%s); taken as not cancelled", job_id, e)
+        return False
 
 
 def _missing(error: ClientError) -> bool:
@@ -68,24 +91,34 @@ def stored_result(storage: Storage, record: JobRecord) -> Stored | None:
         if _missing(e):
             return None
         raise
-    return Stored(duration=TranscriptResult.model_validate_json(body).duration)
+    duration = TranscriptResult.model_validate_json(body).duration
+    return Stored(duration=duration, result_key=record.result_key)
 
 
 def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engines) -> Stored:
     """Run a job that has started (its record `running`, its lease held); the task looked for
     a result stored by an earlier run first (`stored_result`)."""
     failpoint("after_start")
+    written = time.monotonic()
 
-    def on_wait(ticket: Ticket) -> None:
-        """Every few seconds while the engine has the job: its progress (the heartbeat
-        thread renews its lease). Redis being away does not stop the job."""
+    def on_wait(ticket: Ticket) -> bool:
+        """Every half second while the engine has the job: whether it was cancelled (one
+        read), and every PROGRESS_EVERY_S its progress, written (the heartbeat thread renews
+        its lease). Redis being away does not stop the job."""
+        nonlocal written
         try:
-            store.set_progress(record.id, Progress(done_s=ticket.done_s, total_s=ticket.total_s))
+            if time.monotonic() - written < PROGRESS_EVERY_S:
+                return cancelled(store.get(record.id))
+            written = time.monotonic()
+            progress = Progress(done_s=ticket.done_s, total_s=ticket.total_s)
+            return cancelled(store.set_progress(record.id, progress))
         except redis.RedisError as e:
             log.warning("job %s: progress not recorded (%s); still running", record.id, e)
+            return False
 
     try:
-        data = storage.get(record.input_key)
+        bucket, key = record.input_location
+        data = storage.get(key, bucket)
         result = engines.transcribe(
             record.model,
             data,
@@ -93,7 +126,11 @@ def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engin
             urgent=record.priority == "interactive",
             on_wait=on_wait,
         )
+    except Cancelled:
+        raise JobCancelled(record.id) from None
     except ClientError as e:
+        if _missing(e) and was_cancelled(store, record.id):  # the API deleted its input
+            raise JobCancelled(record.id) from None
         if _missing(e):
             raise JobFailed("not_found", "the job's input object is missing") from e
         raise
@@ -104,8 +141,25 @@ def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engin
     except tuple(BAD_INPUT) as e:
         code = next(c for kind, c in BAD_INPUT.items() if isinstance(e, kind))
         raise JobFailed(code, str(e)) from e
+    if was_cancelled(store, record.id):  # in the last look's half second
+        raise JobCancelled(record.id)
     body = WRITERS["json"].render(result).encode()  # the json format is the stored object
     if not storage.put_once(record.result_key, body, "application/json"):
         log.info("job %s: a result was stored by an earlier run; keeping it", record.id)
     failpoint("after_result")
-    return Stored(duration=result.duration)
+    # Cancelled after the look above: the API may have deleted the job's objects before the
+    # put, so the put's result goes here. Cancelled after this look: the API deletes it.
+    if was_cancelled(store, record.id):
+        discard(storage, record.id, record.result_key)
+        log.info("job %s was cancelled as its result was stored: deleted", record.id)
+        raise JobCancelled(record.id)
+    return Stored(duration=result.duration, result_key=record.result_key)
+
+
+def discard(storage: Storage, job_id: str, result_key: str) -> None:
+    """Delete the result of a job that was cancelled: none may stay. (Storage away: it stays,
+    and the log says so.)"""
+    try:
+        storage.delete(result_key)
+    except (BotoCoreError, ClientError) as e:
+        log.error("job %s was cancelled, but its result %s stays: %s", job_id, result_key, e)

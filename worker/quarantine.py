@@ -8,7 +8,9 @@ quarantine process, spawned on first use (forking after CUDA is initialised brea
 which runs quarantined jobs one at a time through an engine of one slot. If it dies running a
 job, that job killed it: the task counts the death (`JobRecord.quarantine_deaths`) and fails
 the job as poison at `MAX_ATTEMPTS`. If the worker itself dies, its quarantine process ends
-too (it watches its parent) and nothing is counted: that death is unexplained again.
+too (it watches its parent) and nothing is counted: that death is unexplained again. A job
+cancelled while it runs there is stopped by killing its process: the worker looks at its
+record every half second meanwhile, and a suspect job's process may not be answering.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import redis
 
 from worker.contract.jobs import JobRecord, JobStore
 from worker.contract.settings import Settings, get_settings
-from worker.execute import TRANSIENT, JobFailed, Stored, execute
+from worker.execute import TRANSIENT, JobCancelled, JobFailed, Stored, execute
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +58,10 @@ class Quarantine:
         self._process.start()
         theirs.close()
 
-    def run(self, record: JobRecord) -> Stored:
+    def run(self, record: JobRecord, cancelled: Callable[[], bool] = lambda: False) -> Stored:
         """Run the job alone. Raises JobFailed (it cannot succeed), Unavailable (try again
-        later) or Died (the process died running it)."""
+        later), Died (the process died running it) or JobCancelled (`cancelled()`, asked
+        every half second, said so: the process is killed, a new one takes the next job)."""
         with self._lock:
             if self._process is None or not self._process.is_alive():
                 self._start()
@@ -69,6 +73,12 @@ class Quarantine:
             while not self._conn.poll(0.5):
                 if not self._process.is_alive():
                     break
+                if cancelled():
+                    self._process.kill()
+                    self._process.join()
+                    self._process = None
+                    self._conn.close()
+                    raise JobCancelled(record.id)
             try:
                 outcome = self._conn.recv()
             except (EOFError, OSError):
@@ -77,7 +87,9 @@ class Quarantine:
                 raise Died(f"the quarantine process died (exit {code})") from None
         match outcome:
             case ("stored", duration):
-                return Stored(duration=duration)
+                return Stored(duration=duration, result_key=record.result_key)
+            case ("cancelled",):  # it saw the cancel first
+                raise JobCancelled(record.id)
             case ("failed", code, message):
                 raise JobFailed(code, message)
             case ("unavailable", message):
@@ -125,6 +137,8 @@ def _run(job_id: str, store: JobStore, storage, engines) -> tuple:
         return ("stored", execute(record, store, storage, engines).duration)
     except JobFailed as e:
         return ("failed", *e.args)
+    except JobCancelled:
+        return ("cancelled",)
     except TRANSIENT as e:
         log.warning("job %s: transient error in quarantine: %s", job_id, e)
         return ("unavailable", f"{type(e).__name__}")

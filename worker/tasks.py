@@ -10,7 +10,9 @@ reason (bad input, poison, expired: the message is rejected, never requeued), qu
 for a transient error (storage, Redis or the engine away: Celery's own backoff with jitter,
 until the job's age runs out). The lease is released only after the record moved, and the
 message is acked after both. Where Redis is away for a move, the message is put back, never
-acked away: its next delivery finds the stored result.
+acked away: its next delivery finds the stored result. A job cancelled while it runs (the API
+moved its record to `cancelled`) stops: no move, its lease released, its message acked; a
+queued job's delivery finds its record cancelled and is dropped.
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from worker.contract.jobs import (
 )
 from worker.contract.settings import get_settings
 from worker.engines import Engines
-from worker.execute import TRANSIENT, JobFailed, Stored, execute, stored_result
+from worker.execute import (
+    TRANSIENT,
+    JobCancelled,
+    JobFailed,
+    Stored,
+    discard,
+    execute,
+    stored_result,
+    was_cancelled,
+)
 from worker.failpoints import failpoint
 from worker.leases import Leases, expired, poison
 from worker.logs import current_job
@@ -88,6 +99,9 @@ class JobTask(Task):
                 notify(app, record)  # its webhook, if it names one (worker.webhooks)
             except TransitionError as e:  # it ended otherwise meanwhile; its result stays
                 log.warning("job %s: %s", job_id, e)
+                # unless it was cancelled: the cancel won, and no result of it may stay
+                if retval.result_key and was_cancelled(self.store, job_id):
+                    discard(self.storage, job_id, retval.result_key)
             except redis.RedisError as e:
                 self._put_back(job_id, e)
             self._release(job_id)
@@ -172,20 +186,35 @@ class JobTask(Task):
         record = self.store.get(job_id)
         return None if record is None or record.status in TERMINAL else record
 
-    def start(self, record: JobRecord) -> JobRecord:
+    def start(self, record: JobRecord) -> JobRecord | None:
         """Move the job to `running`; a start that finds it running already (its last start
-        never ended: its worker died under it) sends it to the quarantine lane."""
+        never ended: its worker died under it) sends it to the quarantine lane. None: it was
+        cancelled since the claim looked (drop the delivery)."""
         changes = {"worker": WORKER_ID}
         if record.status is JobStatus.running:
             changes["quarantined"] = True
-        record = self.store.transition(record.id, JobStatus.running, **changes)
+        try:
+            record = self.store.transition(record.id, JobStatus.running, **changes)
+        except TransitionError as e:  # only a terminal record refuses `running`
+            log.info("job %s: %s; dropping this delivery", record.id, e)
+            JOBS.labels("dropped").inc()
+            return None
         lane = " in quarantine" if record.quarantined else ""
         log.info("job %s started%s (attempt %d)", record.id, lane, record.attempts)
         return record
 
+    def cancelled(self, record: JobRecord) -> None:
+        """The job was cancelled while it ran: its record says so already, so nothing moves;
+        returning None releases its lease and acks its message (`on_success`). A quarantined
+        run's result is deleted here: its process, killed, may have stored one unlooked at."""
+        if record.quarantined:
+            discard(self.storage, record.id, record.result_key)
+        log.info("job %s cancelled while running; stopped", record.id)
+        JOBS.labels("cancelled").inc()
+
     def run_quarantined(self, record: JobRecord) -> Stored:
         try:
-            return self.quarantine.run(record)
+            return self.quarantine.run(record, lambda: was_cancelled(self.store, record.id))
         except Died as e:
             record = self.store.count_quarantine_death(record.id)
             log.warning("job %s: %s (%d)", record.id, e, record.quarantine_deaths)
@@ -231,6 +260,11 @@ def transcribe(self: JobTask, job_id: str) -> Stored | None:
     if error := expired(record, get_settings().max_job_age_s):
         raise JobFailed(error.code, error.message)
     record = self.start(record)
-    if record.quarantined:
-        return self.run_quarantined(record)
-    return execute(record, self.store, self.storage, self.engines)
+    if record is None:
+        return None
+    try:
+        if record.quarantined:
+            return self.run_quarantined(record)
+        return execute(record, self.store, self.storage, self.engines)
+    except JobCancelled:
+        return self.cancelled(record)
