@@ -151,7 +151,9 @@ def test_input_only_the_worker_can_judge_fails_that_job_with_a_reason(
         assert word in job["error"]["message"]
     assert job["finished_at"] is not None
     result = httpx.get(f"{url}/v1/jobs/{job['id']}/result")
-    assert result.status_code == 409 and result.json()["error"]["code"] == "not_ready"
+    # failed, not "not ready": a client waiting for ready stops here, with the reason
+    assert result.status_code == 409 and result.json()["error"]["code"] == "job_failed"
+    assert job["error"]["message"] in result.json()["error"]["message"]
     # the worker lives on and takes the next job
     assert worker.poll() is None
     next_job = run_job(url, clips["en_librispeech_1272-128104-0000"].bytes, "ok.flac")

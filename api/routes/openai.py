@@ -25,9 +25,17 @@ from api.schemas import JobPublic
 from api.submit import Submitter
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import TERMINAL, JobRecord, JobStatus, JobStore
-from worker.contract.options import PROMPT_MAX_CHARS, JobCreate, JobOptions, OptionError, Task
+from worker.contract.options import (
+    PROMPT_MAX_CHARS,
+    JobCreate,
+    JobOptions,
+    OptionError,
+    Task,
+    values,
+)
 from worker.contract.results import TranscriptResult
 
+TRANSCRIBE, TRANSLATE = values(Task)
 router = APIRouter(prefix="/v1/audio", tags=["openai"])
 
 OPENAI_MODEL = "whisper-1"  # OpenAI's name for Whisper: here, the server's default model
@@ -84,7 +92,7 @@ class _Form:
     @property
     def fields(self) -> frozenset[str]:
         names = {"model", "prompt", "response_format", "temperature", GRANULARITIES, "stream"}
-        return frozenset(names | {"language"} if self.task == "transcribe" else names)
+        return frozenset(names | {"language"} if self.task == TRANSCRIBE else names)
 
     def parse(self, sent: dict[str, str]) -> JobCreate:
         fields = dict(sent)
@@ -154,7 +162,7 @@ def _form_schema(task: Task) -> dict:
             "response_format=verbose_json",
         },
     }
-    if task == "translate":
+    if task == TRANSLATE:
         del properties["language"]
     return {"type": "object", "properties": properties, "required": ["file"]}
 
@@ -197,7 +205,7 @@ IdempotencyKey = Annotated[
 ]
 
 
-@router.post("/transcriptions", **_route_doc("transcribe"))
+@router.post("/transcriptions", **_route_doc(TRANSCRIBE))
 async def create_transcription(
     request: Request,
     settings: SettingsDep,
@@ -216,10 +224,10 @@ async def create_transcription(
     the job and a `Location` to poll. A job that fails for its input answers 422 with the
     job's code (`invalid_audio`, `too_long`, ...); a cancelled one 409 `job_cancelled`."""
     submit = Submitter(request, settings, store, storage, queue, tenants, tenant)
-    return await _facade(request, submit, _Form("transcribe"))
+    return await _facade(request, submit, _Form(TRANSCRIBE))
 
 
-@router.post("/translations", **_route_doc("translate"))
+@router.post("/translations", **_route_doc(TRANSLATE))
 async def create_translation(
     request: Request,
     settings: SettingsDep,
@@ -234,7 +242,7 @@ async def create_translation(
     multilingual model (an English-only model answers 422 `invalid_option`). Fields as for
     transcriptions, without `language` (detected)."""
     submit = Submitter(request, settings, store, storage, queue, tenants, tenant)
-    return await _facade(request, submit, _Form("translate"))
+    return await _facade(request, submit, _Form(TRANSLATE))
 
 
 async def _facade(request: Request, submit: Submitter, form: _Form) -> Response:

@@ -17,6 +17,7 @@ import redis
 
 from engine.tools.wer import word_error_rate
 from tests.conftest import free_port, stop, wait_for_port
+from tests.faults.fleet import long_speech
 from tests.worker.test_webhooks import Receiver
 from worker.contract.settings import Settings
 from worker.contract.tenants import Tenants
@@ -39,8 +40,8 @@ def stack(s3_endpoint, tmp_path_factory, clips):
         "WHISPERFLEET_S3_BUCKET": bucket,
         # moto on loopback stands for the storage's public address
         "WHISPERFLEET_S3_PUBLIC_ENDPOINT_URL": s3_endpoint,
-        "WHISPERFLEET_MAX_UPLOAD_BYTES": str(4 * 1024 * 1024),
-        "WHISPERFLEET_MAX_AUDIO_S": "60",
+        "WHISPERFLEET_MAX_UPLOAD_BYTES": str(16 * 1024 * 1024),
+        "WHISPERFLEET_MAX_AUDIO_S": "600",
         "WHISPERFLEET_DEVICE": "cpu",
         "WHISPERFLEET_MODELS": "tiny.en",
         "WHISPERFLEET_METRICS_PORT": "0",
@@ -82,7 +83,7 @@ def stack(s3_endpoint, tmp_path_factory, clips):
         )
     try:
         wait_for_port(port, api)
-        yield Stack(f"http://127.0.0.1:{port}", keys, tenants, storage, sources, client)
+        yield Stack(f"http://127.0.0.1:{port}", keys, tenants, storage, sources, client, logs)
     finally:
         stop(api)
         stop(worker)
@@ -92,8 +93,8 @@ def stack(s3_endpoint, tmp_path_factory, clips):
 
 
 class Stack:
-    def __init__(self, url, keys, tenants, storage, sources, redis_client):
-        self.url, self.keys, self.tenants = url, keys, tenants
+    def __init__(self, url, keys, tenants, storage, sources, redis_client, logs):
+        self.url, self.keys, self.tenants, self.logs = url, keys, tenants, logs
         self.storage, self.sources, self.redis = storage, sources, redis_client
 
     def client(self, tenant: str | None) -> httpx.Client:
@@ -381,3 +382,28 @@ def test_webhooks_are_signed_with_their_tenants_secret_and_retried(stack, clips)
         assert error(link_local, 422)["code"] == "invalid_webhook"
     finally:
         receiver.close()
+
+
+def test_a_running_job_deleted_over_http_stops_and_leaves_nothing(stack, clips):
+    acme = stack.client("acme")
+    job = submit(acme, long_speech(clips["en_jfk"].bytes, 40)).json()  # 440 s of speech
+    deadline = time.monotonic() + 60
+    while acme.get(f"/v1/jobs/{job['id']}").json()["status"] != "running":
+        assert time.monotonic() < deadline, "the long job never started"
+        time.sleep(0.1)
+    answer = acme.delete(f"/v1/jobs/{job['id']}")
+    assert answer.status_code == 200 and answer.json()["status"] == "cancelled"
+    stopped = f"job {job['id']} cancelled while running"
+    deadline = time.monotonic() + 10
+    while stopped not in (stack.logs / "worker.log").read_text():
+        assert time.monotonic() < deadline, "the worker did not stop the job"
+        time.sleep(0.1)
+    # nothing of it stays, and the worker goes on
+    quick = wait(acme, submit(acme, clips["en_jfk"].bytes).json()["id"], timeout=60)
+    assert quick["status"] == "succeeded"
+    for _ in range(20):
+        assert stack.keys_under(f"jobs/acme/{job['id']}/") == []
+        time.sleep(0.2)
+    record = acme.get(f"/v1/jobs/{job['id']}").json()
+    assert record["status"] == "cancelled" and record["error"]["code"] == "cancelled"
+    assert error(acme.get(f"/v1/jobs/{job['id']}/result"), 409)["code"] == "job_cancelled"

@@ -42,6 +42,7 @@ STORED = {
         "mode": "sequential",
         "prompt": None,
         "timestamps": True,
+        "temperature": None,
         "seed": None,
     },
     "seed": 1234567890123,
