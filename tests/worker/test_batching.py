@@ -14,19 +14,6 @@ from worker.batching import Batcher, EngineFailed
 from worker.lifecycle import CUDA_FAULT_EXIT
 
 
-@pytest.fixture
-def encoded(monkeypatch) -> list[int]:
-    """The size of every encoder batch the engine runs."""
-    sizes, encode = [], Runner.encode
-
-    def spy(self, mels):
-        sizes.append(len(mels))
-        return encode(self, mels)
-
-    monkeypatch.setattr(Runner, "encode", spy)
-    return sizes
-
-
 def test_inputs_arriving_together_share_an_encoder_batch(clips, encoded):
     stream = open_stream("tiny.en", slots=8)
     batcher = Batcher(stream, batch_size=4, max_wait_s=60.0)

@@ -15,7 +15,6 @@ import redis
 from botocore.exceptions import ClientError
 
 from engine import TranscriptionOptions
-from engine.runner import Runner
 from tests.conftest import open_stream
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
 from worker import execute as execute_module
@@ -37,19 +36,6 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
             pytest.fail(f"not within {timeout} s: {what}")
         time.sleep(0.02)
     return time.monotonic() - start
-
-
-@pytest.fixture
-def encoded(monkeypatch) -> list[int]:
-    """The size of every encoder batch the engine runs."""
-    sizes, encode = [], Runner.encode
-
-    def spy(self, mels):
-        sizes.append(len(mels))
-        return encode(self, mels)
-
-    monkeypatch.setattr(Runner, "encode", spy)
-    return sizes
 
 
 def test_a_cancelled_input_leaves_the_stream_and_the_others_go_on(clips):
