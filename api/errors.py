@@ -53,6 +53,11 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+def error_answers(*statuses: int) -> dict[int, dict]:
+    """OpenAPI `responses` for these statuses, each answered with an ErrorBody."""
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)

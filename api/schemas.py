@@ -6,6 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobInput, JobRecord, JobStatus, Progress
 from worker.contract.options import JobOptions, Priority
 
@@ -46,3 +47,13 @@ class ResultUrl(BaseModel):
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = {}
+
+
+def text_results() -> dict[str, dict]:
+    """OpenAPI `content` of the result formats that are text (srt, vtt, plain text), each
+    under its media type; the JSON ones are described by their models."""
+    return {
+        w.media_type: {"schema": {"type": "string"}}
+        for w in WRITERS.values()
+        if w.media_type != WRITERS["json"].media_type
+    }

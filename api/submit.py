@@ -12,14 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Annotated
 
 from botocore.exceptions import ClientError
 from celery import Celery
-from fastapi import Request
+from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from api.deps import QueueDep, SettingsDep, StorageDep, StoreDep, TenantDep, TenantsDep
 from api.errors import ApiError
 from api.idempotency import Idempotency, fingerprint
 from api.upload import FORM_FIELDS, Discard, Inspector, Upload, receive_upload
@@ -47,6 +49,7 @@ class Submitter:
     queue: Celery
     tenants: Tenants
     tenant: str
+    limits: Limits | None = field(default=None, init=False)  # read by `_begin`
 
     async def upload(
         self, parse: Parse = JobCreate.parse, fields: frozenset[str] = FORM_FIELDS
@@ -91,8 +94,7 @@ class Submitter:
             return await self._replay(claim, fields)
         record = None
         try:
-            limits = await run_in_threadpool(self.tenants.limits, self.tenant)
-            bucket, key = _source(job.source, limits)
+            bucket, key = _source(job.source, self.limits)
             try:
                 size, first = await run_in_threadpool(self.storage.head, key, bucket, HEAD_BYTES)
             except ClientError as e:
@@ -152,7 +154,7 @@ class Submitter:
         return claim
 
     def _within_limits(self) -> None:
-        limits = self.tenants.limits(self.tenant)
+        self.limits = limits = self.tenants.limits(self.tenant)
         now = time.time()
         counter = f"whisperfleet:rate:{self.tenant}:{int(now // 60)}"
         with self.store.redis.pipeline() as pipe:
@@ -223,6 +225,21 @@ class Submitter:
         if record is None:  # deleted since
             raise ApiError(404, "not_found", f"no job {job_id}")
         return record
+
+
+def _submitter(
+    request: Request,
+    settings: SettingsDep,
+    store: StoreDep,
+    storage: StorageDep,
+    queue: QueueDep,
+    tenants: TenantsDep,
+    tenant: TenantDep,
+) -> Submitter:
+    return Submitter(request, settings, store, storage, queue, tenants, tenant)
+
+
+SubmitterDep = Annotated[Submitter, Depends(_submitter)]  # for every route that makes a job
 
 
 @dataclass

@@ -17,11 +17,10 @@ from api.deps import (
     StorageDep,
     StoreDep,
     TenantDep,
-    TenantsDep,
 )
-from api.errors import ApiError, ErrorBody
-from api.schemas import JobList, JobPublic, ResultUrl
-from api.submit import Submitter
+from api.errors import ApiError, error_answers
+from api.schemas import JobList, JobPublic, ResultUrl, text_results
+from api.submit import SubmitterDep
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import TERMINAL, JobError, JobRecord, JobStatus, TransitionError
 from worker.contract.options import JobCreate, SourceJob
@@ -30,8 +29,8 @@ from worker.webhooks import notify
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-ERRORS = {code: {"model": ErrorBody} for code in (401, 404, 409, 422, 503)}
-SUBMIT_ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 409, 413, 422, 429, 503)}
+ERRORS = error_answers(401, 404, 409, 422, 503)
+SUBMIT_ERRORS = error_answers(401, 403, 409, 413, 422, 429, 503)
 MAX_JSON_BYTES = 64 * 1024
 # where a new job's id goes next (OpenAPI links: clients and schemathesis follow them)
 LINKS = {
@@ -47,11 +46,7 @@ RESULT = {
     "description": "the transcript in the format asked for: `json` as described here, "
     "`verbose_json` in OpenAI's shape, `text`, `srt` and `vtt` as text; with `download=url`, "
     "a presigned URL of the stored json result",
-    "content": {
-        w.media_type: {"schema": {"type": "string"}}
-        for w in WRITERS.values()
-        if w.media_type != WRITERS["json"].media_type
-    },
+    "content": text_results(),
 }
 
 
@@ -85,12 +80,7 @@ def _form_schema() -> dict:
 )
 async def create_job(
     request: Request,
-    settings: SettingsDep,
-    store: StoreDep,
-    storage: StorageDep,
-    queue: QueueDep,
-    tenants: TenantsDep,
-    tenant: TenantDep,
+    submit: SubmitterDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -112,7 +102,6 @@ async def create_job(
     model (`invalid_option`), a declared `input` the file is not (`invalid_audio` /
     `invalid_spectrogram`), a webhook on a private address (`invalid_webhook`).
     """
-    submit = Submitter(request, settings, store, storage, queue, tenants, tenant)
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if kind == "application/json":
         record = await submit.source(await _source_job(request))

@@ -19,10 +19,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import QueueDep, SettingsDep, StorageDep, StoreDep, TenantDep, TenantsDep
-from api.errors import ApiError, ErrorBody
-from api.schemas import JobPublic
-from api.submit import Submitter
+from api.errors import ApiError, error_answers
+from api.schemas import JobPublic, text_results
+from api.submit import Submitter, SubmitterDep
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import TERMINAL, JobRecord, JobStatus, JobStore
 from worker.contract.options import (
@@ -175,11 +174,7 @@ def _route_doc(task: Task) -> dict:
                 "model": answer,
                 "description": "the transcript in `response_format`: `json` ({text}), "
                 "`verbose_json` (with segments, language and duration), `text`, `srt` or `vtt`",
-                "content": {
-                    w.media_type: {"schema": {"type": "string"}}
-                    for w in WRITERS.values()
-                    if w.media_type != "application/json"
-                },
+                "content": text_results(),
             },
             202: {
                 "model": JobPublic,
@@ -188,7 +183,7 @@ def _route_doc(task: Task) -> dict:
                 "read GET /v1/jobs/{id}/result",
                 "headers": {"Location": {"schema": {"type": "string"}}},
             },
-            **{code: {"model": ErrorBody} for code in (401, 403, 409, 413, 422, 429, 500, 503)},
+            **error_answers(401, 403, 409, 413, 422, 429, 500, 503),
         },
         "openapi_extra": {
             "requestBody": {
@@ -208,12 +203,7 @@ IdempotencyKey = Annotated[
 @router.post("/transcriptions", **_route_doc(TRANSCRIBE))
 async def create_transcription(
     request: Request,
-    settings: SettingsDep,
-    store: StoreDep,
-    storage: StorageDep,
-    queue: QueueDep,
-    tenants: TenantsDep,
-    tenant: TenantDep,
+    submit: SubmitterDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """OpenAI's transcription endpoint: the audio's text in its own language. Fields: `file`,
@@ -223,25 +213,18 @@ async def create_transcription(
     Waits for the job (queued at `interactive` priority); past the server's wait, 202 with
     the job and a `Location` to poll. A job that fails for its input answers 422 with the
     job's code (`invalid_audio`, `too_long`, ...); a cancelled one 409 `job_cancelled`."""
-    submit = Submitter(request, settings, store, storage, queue, tenants, tenant)
     return await _facade(request, submit, _Form(TRANSCRIBE))
 
 
 @router.post("/translations", **_route_doc(TRANSLATE))
 async def create_translation(
     request: Request,
-    settings: SettingsDep,
-    store: StoreDep,
-    storage: StorageDep,
-    queue: QueueDep,
-    tenants: TenantsDep,
-    tenant: TenantDep,
+    submit: SubmitterDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """OpenAI's translation endpoint: the audio's speech translated into English text, by a
     multilingual model (an English-only model answers 422 `invalid_option`). Fields as for
     transcriptions, without `language` (detected)."""
-    submit = Submitter(request, settings, store, storage, queue, tenants, tenant)
     return await _facade(request, submit, _Form(TRANSLATE))
 
 

@@ -180,10 +180,11 @@ class Tenants:
 
     def limits(self, tenant: str) -> Limits:
         raw = self.redis.get(self._tenant(tenant))
-        own = TenantSettings.model_validate_json(raw) if raw else TenantSettings()
+        own = TenantSettings.model_validate_json(raw).model_dump() if raw else {}
         s = self.settings
+        sources = own.get("sources")
         return Limits(
-            sources=own.sources if own.sources is not None else s.tenant_sources,
-            jobs_per_minute=own.jobs_per_minute or s.tenant_jobs_per_minute,
-            jobs_in_flight=own.jobs_in_flight or s.tenant_jobs_in_flight,
+            sources=sources if sources is not None else s.tenant_sources,
+            jobs_per_minute=own.get("jobs_per_minute") or s.tenant_jobs_per_minute,
+            jobs_in_flight=own.get("jobs_in_flight") or s.tenant_jobs_in_flight,
         )
