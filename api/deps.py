@@ -69,7 +69,8 @@ def _owned_job(job_id: str, tenant: TenantDep, store: StoreDep) -> JobRecord:
     """The job, if it is the caller's: another tenant's answers exactly as an unknown id."""
     record = store.get(job_id)
     if record is None or record.tenant != tenant:
-        raise ApiError(404, "not_found", f"no job {job_id}")
+        shown = job_id if len(job_id) <= 64 else f"{job_id[:61]}..."  # never echo megabytes
+        raise ApiError(404, "not_found", f"no job {shown}")
     return record
 
 
