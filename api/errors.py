@@ -120,7 +120,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OptionError)
     async def _option(request: Request, e: OptionError) -> JSONResponse:
-        return _body(422, e.code, str(e))
+        return _body(e.status, e.code, str(e))
 
     async def _unavailable(request: Request, e: Exception) -> JSONResponse:
         if (what := _unreachable(e)) is None:

@@ -24,13 +24,13 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import QueueDep, SettingsDep, StorageDep, StoreDep, TenantDep, TenantsDep
 from api.errors import ApiError
 from api.idempotency import Idempotency, fingerprint
-from api.upload import FORM_FIELDS, Discard, Inspector, Upload, receive_upload
+from api.upload import FORM_FIELDS, Discard, Upload, receive_upload
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import JobInput, JobRecord, JobStore, input_key, new_job_id
 from worker.contract.options import JobCreate, SourceJob
 from worker.contract.settings import Settings
 from worker.contract.tenants import Limits, TenantError, Tenants, parse_source
-from worker.contract.uploads import HEAD_BYTES
+from worker.contract.uploads import HEAD_BYTES, Inspector
 from worker.storage import ObjectWriter, Storage
 from worker.webhooks import WebhookRefused, destination
 

@@ -19,16 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from worker.contract.options import PROMPT_MAX_CHARS, JobCreate
-from worker.contract.settings import FRAMES_PER_SECOND
-from worker.contract.uploads import (
-    EXPECTED,
-    HEAD_BYTES,
-    SPECTROGRAM_FORMS,
-    Head,
-    SpectrogramHeaderError,
-    all_finite,
-    read_head,
-)
+from worker.contract.uploads import Head, Inspector
 
 FORM_FIELDS = frozenset(JobCreate.model_fields)  # besides `file`; each at most once
 MAX_FIELD_BYTES = 4 * PROMPT_MAX_CHARS  # a whole prompt in UTF-8: its length is checked later
@@ -90,137 +81,6 @@ class _Parts:
         self.events.append(("begin", (name, filename)))
 
 
-class Inspector:
-    """Looks at the file part as it streams, to the same verdict however it is chunked: the
-    first bytes name its kind (non-audio is refused at once), its length where its header
-    says it (longer than `max_audio_s`: too_long), and a .npy spectrogram's shape; the
-    spectrogram's values are checked as they pass."""
-
-    def __init__(self, max_bytes: int, max_audio_s: float):
-        self.max_bytes, self.max_audio_s = max_bytes, max_audio_s
-        self.head = bytearray()  # the first bytes, until they are read
-        self.need = 0  # bytes `head` must hold before it is read again
-        self.found: Head | None = None
-        self.carry = b""  # a float split across chunks
-        self.size = 0
-
-    def feed(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > self.max_bytes:
-            raise ApiError(
-                413, "too_large", f"the file is over the limit of {self.max_bytes} bytes"
-            )
-        if self.found is None:
-            kept = HEAD_BYTES - len(self.head)
-            self.head += data[:kept]
-            if len(self.head) < min(self.need, HEAD_BYTES) or not self._read(
-                complete=len(self.head) == HEAD_BYTES
-            ):
-                return
-            data = self._held() + data[kept:]
-        self._check(data)
-
-    def _held(self) -> bytes:
-        """The file's bytes held in `head` past the .npy header, once read; `head` let go."""
-        npy, head, self.head = self.found.npy, self.head, bytearray()
-        return bytes(head[npy.offset :]) if npy else b""
-
-    def _check(self, data: bytes) -> None:
-        """The next bytes of a .npy spectrogram's values, in any chunk: finite, and no more
-        than the header describes."""
-        npy = self.found.npy
-        if npy is None:
-            return
-        if self.size > npy.offset + npy.nbytes:
-            raise ApiError(
-                422,
-                "invalid_spectrogram",
-                f"more bytes than the .npy header describes ({npy.offset + npy.nbytes}); "
-                f"{SPECTROGRAM_FORMS}",
-            )
-        data = self.carry + data
-        whole = len(data) - len(data) % npy.itemsize
-        if not all_finite(data[:whole], npy.dtype):
-            raise ApiError(
-                422, "invalid_spectrogram", f"NaN or infinite values; {SPECTROGRAM_FORMS}"
-            )
-        self.carry = data[whole:]
-
-    def _read(self, complete: bool) -> bool:
-        """Read `head`; False while it needs more bytes."""
-        try:
-            found = read_head(bytes(self.head), complete)
-        except SpectrogramHeaderError as e:
-            raise ApiError(422, "invalid_spectrogram", str(e)) from e
-        if isinstance(found, int):  # at least twice what it holds: a header read a few times
-            self.need = max(found, 2 * len(self.head))
-            return False
-        if not found.sniffed.supported:
-            what = found.sniffed.format
-            kind = f"a {what.upper()} file" if what else "not audio"
-            raise ApiError(422, "invalid_audio", f"the file is {kind}; {EXPECTED}")
-        if found.duration_s is not None and found.duration_s > self.max_audio_s:
-            raise ApiError(422, "too_long", _too_long(found, self.max_audio_s))
-        npy = found.npy
-        if npy is not None and npy.offset + npy.nbytes > self.max_bytes:
-            raise ApiError(
-                413,
-                "too_large",
-                f"the .npy header describes {npy.offset + npy.nbytes} bytes; the limit is "
-                f"{self.max_bytes}",
-            )
-        self.found = found
-        return True
-
-    def judge(self, head: bytes, size: int) -> Head:
-        """The verdict on an object already stored, from its first bytes and its size."""
-        if size > self.max_bytes:
-            raise ApiError(
-                413, "too_large", f"the file is over the limit of {self.max_bytes} bytes"
-            )
-        self.feed(head)
-        self.size = size
-        self.carry = b""  # values past `head` are the worker's to check
-        if self.found is None:
-            self._read(complete=True)
-        npy = self.found.npy
-        if npy is not None and size != npy.offset + npy.nbytes:
-            raise ApiError(
-                422,
-                "invalid_spectrogram",
-                f"{size} bytes, but the .npy header describes {npy.offset + npy.nbytes}; "
-                f"{SPECTROGRAM_FORMS}",
-            )
-        return self.found
-
-    def finish(self) -> Head:
-        if self.size == 0:
-            raise ApiError(422, "invalid_audio", f"the file is empty; {EXPECTED}")
-        if self.found is None:
-            self._read(complete=True)
-            self._check(self._held())
-        npy = self.found.npy
-        if npy is not None and self.size != npy.offset + npy.nbytes:
-            raise ApiError(
-                422,
-                "invalid_spectrogram",
-                f"{self.size} bytes, but the .npy header describes {npy.offset + npy.nbytes}; "
-                f"the file is truncated; {SPECTROGRAM_FORMS}",
-            )
-        return self.found
-
-
-def _too_long(found: Head, max_audio_s: float) -> str:
-    limit = f"the limit is {max_audio_s:g} s"
-    if found.npy is not None:
-        frames = found.npy.frames
-        return (
-            f"the spectrogram has {frames} frames ({found.duration_s:g} s); {limit} "
-            f"({int(max_audio_s * FRAMES_PER_SECOND)} frames)"
-        )
-    return f"the {found.sniffed.format.upper()} header says {found.duration_s:.1f} s; {limit}"
-
-
 class Sink(Protocol):
     """Where the file's bytes go: an ObjectWriter, or `Discard` (a retry already stored)."""
 
@@ -254,9 +114,9 @@ async def receive_upload(
     The whole body is capped (the file's `max_bytes` + BODY_ALLOWANCE), with or without a
     Content-Length, and so are the parts: each known field at most once, so at most
     len(FORM_FIELDS) + 1 of them, each with at most MAX_PART_HEADERS headers of at most
-    MAX_PART_HEADER_BYTES. Raises ApiError (413 too_large, 422 invalid_audio /
-    invalid_spectrogram / invalid_request); on any failure the caller undoes what `writer`
-    stored (`ObjectWriter.abort`).
+    MAX_PART_HEADER_BYTES. Raises ApiError (413 too_large, 422 invalid_request) or, from the
+    Inspector, OptionError (413 too_large, 422 invalid_audio / invalid_spectrogram /
+    too_long); on any failure the caller undoes what `writer` stored (`ObjectWriter.abort`).
     """
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:

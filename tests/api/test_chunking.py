@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from api.errors import ApiError
 from api.main import create_app
-from api.upload import Inspector
 from tests.api import wire
 from tests.api.test_jobs_api import stored_keys
-from worker.contract.uploads import HEAD_BYTES
+from worker.contract.options import OptionError
+from worker.contract.uploads import HEAD_BYTES, Inspector
 
 HEADER = 128  # numpy's header for this array: its first float starts here
 # 1 byte, odd primes (100003: a first chunk past the header window), around the end of the
@@ -53,7 +52,7 @@ def test_the_inspector_accepts_a_valid_spectrogram_in_any_chunks(size):
 @pytest.mark.parametrize("size", CHUNKS)
 def test_the_inspector_finds_a_nan_in_any_chunks(size, where):
     inspector = Inspector(max_bytes=2**20, max_audio_s=60)
-    with pytest.raises(ApiError, match="NaN or infinite") as refused:
+    with pytest.raises(OptionError, match="NaN or infinite") as refused:
         for chunk in cut(spectrogram(NAN_AT[where]), size):
             inspector.feed(chunk)
         inspector.finish()

@@ -35,11 +35,12 @@ def values(alias: Any) -> tuple[str, ...]:
 
 
 class OptionError(ValueError):
-    """A submission the server refuses; `code` is the API's error code for it."""
+    """A submission the server refuses; `code` is the API's error code for it, `status` the
+    HTTP status it answers with."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, status: int = 422):
         super().__init__(message)
-        self.code = code
+        self.code, self.status = code, status
 
 
 class JobOptions(BaseModel):

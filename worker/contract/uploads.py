@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.contract.options import InputKind
+from worker.contract.options import InputKind, OptionError
 from worker.contract.settings import FRAMES_PER_SECOND
 
 EXPECTED = "expected WAV, FLAC, OGG, MP3, M4A/AAC, MP4 or WebM audio, or a .npy spectrogram"
@@ -233,3 +233,131 @@ def all_finite(data: bytes, dtype: str) -> bool:
         f = int.from_bytes(data[index::size].translate(_FLAG[mask]), "big")
         flags = f if flags is None else flags & f
     return not flags
+
+
+class Inspector:
+    """Looks at a file as it streams in (an upload), or at the first bytes of one already
+    stored (a source, a backfill's object), to the same verdict however it is chunked: the
+    first bytes name its kind (non-audio is refused at once), its length where its header
+    says it (longer than `max_audio_s`: too_long), and a .npy spectrogram's shape; the
+    spectrogram's values are checked as they pass. A refusal is an OptionError whose status
+    is the API's (413 too_large, else 422)."""
+
+    def __init__(self, max_bytes: int, max_audio_s: float):
+        self.max_bytes, self.max_audio_s = max_bytes, max_audio_s
+        self.head = bytearray()  # the first bytes, until they are read
+        self.need = 0  # bytes `head` must hold before it is read again
+        self.found: Head | None = None
+        self.carry = b""  # a float split across chunks
+        self.size = 0
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            raise OptionError(
+                "too_large", f"the file is over the limit of {self.max_bytes} bytes", status=413
+            )
+        if self.found is None:
+            kept = HEAD_BYTES - len(self.head)
+            self.head += data[:kept]
+            if len(self.head) < min(self.need, HEAD_BYTES) or not self._read(
+                complete=len(self.head) == HEAD_BYTES
+            ):
+                return
+            data = self._held() + data[kept:]
+        self._check(data)
+
+    def _held(self) -> bytes:
+        """The file's bytes held in `head` past the .npy header, once read; `head` let go."""
+        npy, head, self.head = self.found.npy, self.head, bytearray()
+        return bytes(head[npy.offset :]) if npy else b""
+
+    def _check(self, data: bytes) -> None:
+        """The next bytes of a .npy spectrogram's values, in any chunk: finite, and no more
+        than the header describes."""
+        npy = self.found.npy
+        if npy is None:
+            return
+        if self.size > npy.offset + npy.nbytes:
+            raise OptionError(
+                "invalid_spectrogram",
+                f"more bytes than the .npy header describes ({npy.offset + npy.nbytes}); "
+                f"{SPECTROGRAM_FORMS}",
+            )
+        data = self.carry + data
+        whole = len(data) - len(data) % npy.itemsize
+        if not all_finite(data[:whole], npy.dtype):
+            raise OptionError("invalid_spectrogram", f"NaN or infinite values; {SPECTROGRAM_FORMS}")
+        self.carry = data[whole:]
+
+    def _read(self, complete: bool) -> bool:
+        """Read `head`; False while it needs more bytes."""
+        try:
+            found = read_head(bytes(self.head), complete)
+        except SpectrogramHeaderError as e:
+            raise OptionError("invalid_spectrogram", str(e)) from e
+        if isinstance(found, int):  # at least twice what it holds: a header read a few times
+            self.need = max(found, 2 * len(self.head))
+            return False
+        if not found.sniffed.supported:
+            what = found.sniffed.format
+            kind = f"a {what.upper()} file" if what else "not audio"
+            raise OptionError("invalid_audio", f"the file is {kind}; {EXPECTED}")
+        if found.duration_s is not None and found.duration_s > self.max_audio_s:
+            raise OptionError("too_long", _too_long(found, self.max_audio_s))
+        npy = found.npy
+        if npy is not None and npy.offset + npy.nbytes > self.max_bytes:
+            raise OptionError(
+                "too_large",
+                f"the .npy header describes {npy.offset + npy.nbytes} bytes; the limit is "
+                f"{self.max_bytes}",
+                status=413,
+            )
+        self.found = found
+        return True
+
+    def judge(self, head: bytes, size: int) -> Head:
+        """The verdict on an object already stored, from its first bytes and its size."""
+        if size > self.max_bytes:
+            raise OptionError(
+                "too_large", f"the file is over the limit of {self.max_bytes} bytes", status=413
+            )
+        self.feed(head)
+        self.size = size
+        self.carry = b""  # values past `head` are the worker's to check
+        if self.found is None:
+            self._read(complete=True)
+        npy = self.found.npy
+        if npy is not None and size != npy.offset + npy.nbytes:
+            raise OptionError(
+                "invalid_spectrogram",
+                f"{size} bytes, but the .npy header describes {npy.offset + npy.nbytes}; "
+                f"{SPECTROGRAM_FORMS}",
+            )
+        return self.found
+
+    def finish(self) -> Head:
+        if self.size == 0:
+            raise OptionError("invalid_audio", f"the file is empty; {EXPECTED}")
+        if self.found is None:
+            self._read(complete=True)
+            self._check(self._held())
+        npy = self.found.npy
+        if npy is not None and self.size != npy.offset + npy.nbytes:
+            raise OptionError(
+                "invalid_spectrogram",
+                f"{self.size} bytes, but the .npy header describes {npy.offset + npy.nbytes}; "
+                f"the file is truncated; {SPECTROGRAM_FORMS}",
+            )
+        return self.found
+
+
+def _too_long(found: Head, max_audio_s: float) -> str:
+    limit = f"the limit is {max_audio_s:g} s"
+    if found.npy is not None:
+        frames = found.npy.frames
+        return (
+            f"the spectrogram has {frames} frames ({found.duration_s:g} s); {limit} "
+            f"({int(max_audio_s * FRAMES_PER_SECOND)} frames)"
+        )
+    return f"the {found.sniffed.format.upper()} header says {found.duration_s:.1f} s; {limit}"
