@@ -11,11 +11,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 
 from api.errors import install_error_handlers
-from api.routes import health, jobs, openai
+from api.routes import backfills, health, jobs, openai
 from worker.app import create_app as create_celery
+from worker.contract.backfills import BackfillStore
 from worker.contract.jobs import JobStore
 from worker.contract.settings import Settings, get_settings
 from worker.contract.tenants import Tenants
+from worker.scanner import create_backfill_app
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tenants = Tenants(app.state.store.redis, settings)
         app.state.storage = Storage(settings)
         app.state.celery = create_celery(settings)
+        app.state.backfills = BackfillStore(app.state.store.redis)
+        app.state.backfill_celery = create_backfill_app(settings)  # schedules, for beat
         try:
             app.state.storage.ensure_bucket()
         except Exception as e:  # not fatal: /readyz reports it until storage answers
@@ -67,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
             expose_headers=["Location", "Retry-After"],
         )
-    routers = (health.router, jobs.router, openai.router)
+    routers = (health.router, jobs.router, openai.router, backfills.router)
     for router in (*routers, _head_routes(routers)):
         app.include_router(router)
     return app

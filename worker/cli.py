@@ -19,13 +19,14 @@ from worker.supervisor import Child, Supervisor
 
 # What the `engine` extra installs; only `api` runs without it.
 ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "av", "tqdm", "jiwer", "moto")
-LIGHT_COMMANDS = ("api", "keys", "tenants", "webhooks")  # these run without the engine
+LIGHT_COMMANDS = ("api", "keys", "tenants", "webhooks", "scanner", "beat", "backfill")  # no engine
 
 
 def _stack(args: argparse.Namespace) -> int:
-    """Redis and storage if missing, then the API, a worker and the webhook sender; Ctrl-C
-    stops them all. The API is open (WHISPERFLEET_AUTH=none) and webhooks may go to loopback
-    unless the environment says otherwise: a stack on this machine, for one user."""
+    """Redis and storage if missing, then the API, a worker, the webhook sender, the backfill
+    scanner and beat; Ctrl-C stops them all. The API is open (WHISPERFLEET_AUTH=none) and
+    webhooks may go to loopback unless the environment says otherwise: a stack on this
+    machine, for one user."""
     from worker.embedded import ensure_redis, ensure_storage
 
     os.environ.setdefault("WHISPERFLEET_AUTH", "none")  # the children inherit these
@@ -40,6 +41,8 @@ def _stack(args: argparse.Namespace) -> int:
                 processes.add(Child(name, proc=proc, restart=False))
         processes.add(Child("worker", [*cli, "worker"]))
         processes.add(Child("webhooks", [*cli, "webhooks"]))
+        processes.add(Child("scanner", [*cli, "scanner"]))
+        processes.add(Child("beat", [*cli, "beat"]))
         api = [*cli, "api", "--host", args.host, "--port", str(args.port)]
         processes.add(Child("api", api, restart=False))
         print(
@@ -93,6 +96,26 @@ def _webhooks(args: argparse.Namespace) -> int:
 
     ensure_redis(get_settings(), start=False)
     webhooks.run(args.concurrency, args.backoff)
+    return 0
+
+
+def _scanner(args: argparse.Namespace) -> int:
+    from worker import scanner
+    from worker.embedded import ensure_redis, ensure_storage
+
+    settings = get_settings()
+    ensure_redis(settings, start=False)
+    ensure_storage(settings, start=False)
+    scanner.run()
+    return 0
+
+
+def _beat(args: argparse.Namespace) -> int:
+    from worker import scanner
+    from worker.embedded import ensure_redis
+
+    ensure_redis(get_settings(), start=False)
+    scanner.beat()
     return 0
 
 
@@ -349,6 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         help="before the second attempt; doubling, with jitter, at most an hour (default 30)",
     )
     p.set_defaults(func=_webhooks)
+
+    p = sub.add_parser("scanner", help="run backfills: list prefixes, make bulk jobs (no torch)")
+    p.set_defaults(func=_scanner)
+
+    p = sub.add_parser("beat", help="send backfills' scheduled runs (one beat at a time runs)")
+    p.set_defaults(func=_beat)
 
     p = sub.add_parser("keys", help="API keys: create, list, revoke")
     keys = p.add_subparsers(dest="action", required=True)

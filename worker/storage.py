@@ -93,8 +93,31 @@ class Storage:
             "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=ttl_s
         )
 
+    def put(self, key: str, data: bytes, content_type: str, bucket: str | None = None) -> None:
+        self.client.put_object(
+            Bucket=bucket or self.bucket, Key=key, Body=data, ContentType=content_type
+        )
+
+    def copy(self, key: str, to_bucket: str, to_key: str) -> None:
+        """Copy object `key` of the job bucket to `to_bucket`/`to_key`, inside storage."""
+        self.client.copy_object(
+            CopySource={"Bucket": self.bucket, "Key": key}, Bucket=to_bucket, Key=to_key
+        )
+
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def listing(
+        self, bucket: str, prefix: str, after: str | None, limit: int = 1000
+    ) -> tuple[list[dict], bool]:
+        """Up to `limit` objects of `bucket` under `prefix` whose keys sort after `after`, in
+        key order (S3's ListObjectsV2 entries: Key, Size, ETag, LastModified), and whether
+        more follow."""
+        kwargs = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": limit}
+        if after:
+            kwargs["StartAfter"] = after
+        page = self.client.list_objects_v2(**kwargs)
+        return page.get("Contents", []), bool(page.get("IsTruncated"))
 
     def pages(self, prefix: str) -> Iterator[list[str]]:
         """The keys under `prefix`, a page (up to 1,000) at a time."""

@@ -8,6 +8,7 @@ message cannot both move a job.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from worker.contract.options import InputKind, JobOptions, Priority, values
 QUEUES = values(Priority)  # consumed in this order: interactive work goes first
 TASK_NAME = "whisperfleet.transcribe"
 DEFAULT_TENANT = "default"
+RECENT_FAILURES = 50  # kept on a backfill, with their reasons; all are in its manifest
 
 
 class JobStatus(StrEnum):
@@ -71,6 +73,13 @@ class Progress(BaseModel):
     total_s: float | None = None
 
 
+class BackfillRef(BaseModel):
+    """The backfill (and its run) that made a job (worker.contract.backfills)."""
+
+    id: str
+    run: int
+
+
 class JobRecord(BaseModel):
     id: str
     tenant: str = DEFAULT_TENANT
@@ -92,6 +101,7 @@ class JobRecord(BaseModel):
     # the input was uploaded, and is the job's own object (`input_key`)
     source: str | None = None
     webhook: str | None = None  # posted the record on the terminal state (worker.webhooks)
+    backfill: BackfillRef | None = None  # its end is counted on the backfill
     progress: Progress = Field(default_factory=Progress)
     error: JobError | None = None
 
@@ -122,6 +132,11 @@ class JobRecord(BaseModel):
     @property
     def result_key(self) -> str:
         return result_key(self.tenant, self.id)
+
+
+def backfill_key(prefix: str, backfill_id: str, part: str = "") -> str:
+    """Where a backfill's record (part "") and its counters, sets and lists live."""
+    return f"{prefix}:backfill:{backfill_id}" + (f":{part}" if part else "")
 
 
 def new_job_id() -> str:
@@ -156,6 +171,8 @@ class JobStore:
     For each tenant: `:tenant:<t>:jobs`, its jobs by creation (a sorted set of `listed_as`
     members, all scored 0, read by lexical range: a cursor is a member, so pages stay
     correct while jobs are added), and `:tenant:<t>:inflight`, its jobs not yet terminal.
+    A backfill's job is counted on its backfill (`backfill_key`) in the transaction that makes
+    it and in the one that ends it, so each is counted once.
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
@@ -173,14 +190,29 @@ class JobStore:
         return f"{self.prefix}:tenant:{tenant}:inflight"
 
     def create(self, record: JobRecord) -> None:
-        with self.redis.pipeline() as pipe:  # MULTI: the record and its index entries together
-            pipe.set(self._key(record.id), record.model_dump_json(), nx=True)
-            pipe.zadd(self.active, {record.id: time.time()})
-            pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
-            pipe.sadd(self._inflight(record.tenant), record.id)
-            created, *_ = pipe.execute()
-        if not created:
-            raise TransitionError(f"job {record.id} already exists")
+        """Store a new job's record and its index entries, all or nothing; TransitionError if
+        the id is taken (a backfill's ids are derived, and may be found again)."""
+        key = self._key(record.id)
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    if pipe.exists(key):
+                        raise TransitionError(f"job {record.id} already exists")
+                    pipe.multi()
+                    pipe.set(key, record.model_dump_json())
+                    pipe.zadd(self.active, {record.id: time.time()})
+                    pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
+                    pipe.sadd(self._inflight(record.tenant), record.id)
+                    if ref := record.backfill:
+                        counts = backfill_key(self.prefix, ref.id, "counts")
+                        pipe.sadd(backfill_key(self.prefix, ref.id, "inflight"), record.id)
+                        pipe.hincrby(counts, "created", 1)
+                        pipe.hincrby(counts, f"run:{ref.run}:created", 1)
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
 
     def delete(self, record: JobRecord) -> None:
         """Forget a job: one that was never accepted (its submission failed halfway), or one
@@ -192,6 +224,8 @@ class JobStore:
             pipe.hdel(self.sent, record.id)
             pipe.zrem(self._listing(record.tenant), record.listed_as)
             pipe.srem(self._inflight(record.tenant), record.id)
+            if record.backfill is not None:
+                pipe.srem(backfill_key(self.prefix, record.backfill.id, "inflight"), record.id)
             pipe.execute()
 
     def in_flight(self, tenant: str) -> int:
@@ -280,6 +314,13 @@ class JobStore:
         raw = self.redis.get(self._key(job_id))
         return JobRecord.model_validate_json(raw) if raw is not None else None
 
+    def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        """The records of `job_ids` (None where there is none), in one round trip."""
+        if not job_ids:
+            return []
+        raws = self.redis.mget([self._key(i) for i in job_ids])
+        return [JobRecord.model_validate_json(r) if r is not None else None for r in raws]
+
     def _update(self, job_id: str, change) -> JobRecord:
         """Apply `change(record) -> record` as a compare-and-set on the stored record."""
         key = self._key(job_id)
@@ -290,13 +331,16 @@ class JobStore:
                     raw = pipe.get(key)
                     if raw is None:
                         raise TransitionError(f"job {job_id} does not exist")
-                    updated = change(JobRecord.model_validate_json(raw))
+                    before = JobRecord.model_validate_json(raw)
+                    updated = change(before)
                     pipe.multi()
                     pipe.set(key, updated.model_dump_json())
                     if updated.status in TERMINAL:
                         pipe.zrem(self.active, job_id)
                         pipe.hdel(self.sent, job_id)
                         pipe.srem(self._inflight(updated.tenant), job_id)
+                        if updated.backfill and before.status not in TERMINAL:
+                            self._count_end(pipe, updated)
                     else:
                         pipe.zadd(self.active, {job_id: time.time()})
                     pipe.execute()
@@ -304,10 +348,43 @@ class JobStore:
                 except redis.WatchError:
                     continue
 
-    def transition(self, job_id: str, to: JobStatus, **changes) -> JobRecord:
-        """Move a job to `to` and apply `changes`, atomically; raise if not allowed."""
+    def _count_end(self, pipe, record: JobRecord) -> None:
+        """A backfill's job ended: counted on the backfill, once (in the transaction that
+        ends it), and handed to its manifest (`ended`)."""
+        ref = record.backfill
+        counts = backfill_key(self.prefix, ref.id, "counts")
+        status = str(record.status)
+        pipe.srem(backfill_key(self.prefix, ref.id, "inflight"), record.id)
+        pipe.hincrby(counts, status, 1)
+        pipe.hincrby(counts, f"run:{ref.run}:ended", 1)
+        pipe.hset(counts, f"run:{ref.run}:last_end", time.time())
+        if record.status is JobStatus.succeeded:
+            pipe.hincrbyfloat(counts, "audio_s", record.progress.done_s)
+            pipe.hincrbyfloat(counts, f"run:{ref.run}:audio_s", record.progress.done_s)
+        elif record.status is JobStatus.failed:
+            code = record.error.code if record.error else "unknown"
+            pipe.hincrby(counts, f"failed:{code}", 1)
+            pipe.hset(backfill_key(self.prefix, ref.id, "failed"), record.id, record.source or "")
+            failure = {
+                "source": record.source,
+                "job_id": record.id,
+                "code": code,
+                "message": record.error.message if record.error else "",
+            }
+            failures = backfill_key(self.prefix, ref.id, "failures")
+            pipe.lpush(failures, json.dumps(failure))
+            pipe.ltrim(failures, 0, RECENT_FAILURES - 1)
+        pipe.rpush(backfill_key(self.prefix, ref.id, "ended"), record.id)
+
+    def transition(
+        self, job_id: str, to: JobStatus, only_from: JobStatus | None = None, **changes
+    ) -> JobRecord:
+        """Move a job to `to` and apply `changes`, atomically; raise if not allowed (or, with
+        `only_from`, if the job is in another state)."""
 
         def change(record: JobRecord) -> JobRecord:
+            if only_from is not None and record.status is not only_from:
+                raise TransitionError(f"job {job_id} is {record.status}, not {only_from}")
             if to not in TRANSITIONS.get(record.status, frozenset()):
                 raise TransitionError(f"job {job_id} is {record.status}, cannot be {to}")
             now = datetime.now(UTC)

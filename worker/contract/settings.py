@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(10.0, gt=0)
     webhook_max_attempts: int = Field(8, gt=0)
 
+    # Backfills (worker.scanner): jobs are made while fewer than backfill_queue_bound messages
+    # wait in the bulk queue, shared fairly between the backfills scanning; a tenant may have
+    # backfill_max_active backfills that are not done or cancelled.
+    backfill_queue_bound: int = Field(1000, gt=0)
+    backfill_max_active: int = Field(20, gt=0)
+
     # Models clients may ask for: "name" for the packaged weights (tiny.en, base) or
     # "name=source" where source is a local Hugging Face / CTranslate2 directory or a hub id.
     models: Annotated[dict[str, str], NoDecode] = Field(

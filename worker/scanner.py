@@ -1,0 +1,555 @@
+"""The backfill scanner: lists each backfill's prefix a page at a time, makes a `bulk` job for
+each object not transcribed yet while the bulk queue has room, and writes what its jobs did
+under the backfill's output prefix.
+
+`whisperfleet scanner` (`run`) is a Celery worker of its own on the `backfills` queue, where
+`whisperfleet beat` (Celery beat with celery-redbeat's scheduler: one beat at a time holds its
+lock in Redis) sends each backfill's scheduled runs; beside it a pump thread does the work, a
+step at a time (`Scanner.step`). Everything a step needs is in Redis, so a scanner killed at any
+point is replaced by the next one (or itself, restarted) once its lock on the backfill lapses:
+
+- The scan. A page of the listing after the run's cursor: keys the patterns leave out are
+  counted, each other object's job id is derived (`object_job_id`) and looked up; an object
+  whose job exists is skipped (an earlier run, another backfill, or this step before a crash
+  made it), a new one is inspected (its first bytes, the checks an upload gets) and made, as
+  `failed` at once if the inspection refuses it. The cursor and the page's counts then move in
+  one transaction. A crash mid-page repeats the page: the jobs it made are found, not made
+  twice.
+- Backpressure. Jobs are made only while fewer than BACKFILL_QUEUE_BOUND messages wait in
+  `bulk`, the room shared between the backfills scanning, the least recently served first: a
+  small backfill started after a huge one gets its share at the next step.
+- The harvest. Jobs that ended (the job store lists them in `ended`, in the transaction that
+  ends them) get their rendered copies under the output prefix (`a/b/c.flac` ->
+  `<out>/a/b/c.flac.json`, `.srt`, ...) and a line each in the manifest, written as numbered
+  parts (`<out>/_manifest/000001.jsonl`, ...); the list is trimmed after its part is written,
+  and a part written again after a crash holds the same lines and more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from functools import cache
+
+import redis
+from botocore.exceptions import ClientError
+from celery import Celery
+from celery.schedules import schedule as every
+from kombu import Exchange, Queue
+
+from worker.app import create_app as create_job_app
+from worker.contract.backfills import (
+    BackfillError,
+    BackfillRecord,
+    BackfillStore,
+    Run,
+    min_gap_s,
+    object_job_id,
+    parse_schedule,
+    retry_job_id,
+    split_prefix,
+)
+from worker.contract.dispatch import dispatch
+from worker.contract.formats import WRITERS
+from worker.contract.jobs import (
+    QUEUES,
+    BackfillRef,
+    JobError,
+    JobInput,
+    JobRecord,
+    JobStatus,
+    JobStore,
+    TransitionError,
+)
+from worker.contract.options import OptionError
+from worker.contract.results import TranscriptResult
+from worker.contract.settings import Settings, get_settings
+from worker.contract.uploads import EXPECTED, HEAD_BYTES, Inspector, Sniffed
+from worker.logs import configure as configure_logs
+from worker.storage import Storage
+
+log = logging.getLogger(__name__)
+
+BULK = QUEUES[-1]  # the queue consumed after interactive work: a backfill's jobs wait there
+BACKFILL_QUEUE = "backfills"
+SCHEDULED_TASK = "whisperfleet.backfill.scheduled"
+LOCK_TTL_S = 15.0  # a scanner killed mid-step holds its backfill this long
+IDLE_S = 0.5  # between steps that found nothing to do
+HARVEST_BATCH = 500  # jobs per manifest part, at most
+PART_EVERY_S = 10.0  # a part holds fewer lines when its first waited this long, or at the end
+THREADS = 16  # objects inspected, copies written, at once
+MISSING = ("NoSuchKey", "404")
+
+
+def _uri(bucket: str, key: str) -> str:
+    return f"s3://{bucket}/{key}"
+
+
+class Scanner:
+    def __init__(self, settings: Settings, client: redis.Redis, storage: Storage, queue: Celery):
+        self.settings, self.storage, self.queue = settings, storage, queue
+        self.backfills = BackfillStore(client)
+        self.jobs = JobStore(client)
+        self.redis = client
+        self.token = uuid.uuid4().hex  # this scanner's locks
+        self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="scanner")
+        self.served: dict[str, float] = {}  # when each backfill last got room (fairness)
+        self.waiting: dict[str, float] = {}  # since when each has jobs ended, not harvested
+
+    # -- one step
+
+    def step(self) -> bool:
+        """Harvest, scan, finish what is done, for every active backfill; whether there was
+        anything to do."""
+        records = [r for r in map(self.backfills.get, self.backfills.active_ids()) if r]
+        busy = False
+        for record in records:
+            if self._hold(record.id):
+                busy |= self.harvest(record)
+        room = self.settings.backfill_queue_bound - self.redis.llen(BULK)
+        scanning = [
+            r for r in records if r.state == "active" and (r.run.scanned_at is None or r.retrying)
+        ]
+        scanning.sort(key=lambda r: self.served.get(r.id, 0.0))
+        for i, record in enumerate(scanning):
+            share = -(-room // (len(scanning) - i))  # the rest, shared by those left
+            if share <= 0:
+                break
+            if not self._hold(record.id):
+                continue
+            self.served[record.id] = time.monotonic()
+            made, walked = self.retry_some(record, share) if record.retrying else (0, 0)
+            if not record.retrying:
+                made, walked = self.scan(record, share)
+            room -= made
+            busy |= walked > 0
+        for record in records:
+            if self._hold(record.id):
+                if record.state == "cancelled":  # a page made as it was cancelled
+                    retention = self.settings.cancelled_retention_s
+                    drop_queued(self.backfills, self.jobs, record.id, retention)
+                self._finish(record.id)
+        return busy
+
+    def _hold(self, backfill_id: str) -> bool:
+        return self.backfills.lock(backfill_id, self.token, LOCK_TTL_S)
+
+    # -- the scan
+
+    def scan(self, record: BackfillRecord, share: int) -> tuple[int, int]:
+        """Go on with the run's listing: make at most `share` jobs, then move the cursor past
+        the keys looked at. (jobs made, keys looked at)."""
+        bucket, prefix = record.bucket_prefix
+        run = record.run
+        objects, truncated = self.storage.listing(bucket, prefix, run.cursor)
+        spec, options = record.spec, record.spec.options
+        ids: list[str | None] = []
+        for o in objects:
+            key, etag = o["Key"], o.get("ETag", "")
+            if spec.takes(record.relative(key), o["LastModified"]):
+                ids.append(object_job_id(record.tenant, bucket, key, etag, spec.model, options))
+            else:
+                ids.append(None)
+        known = self.jobs.get_many([i for i in ids if i])
+        found = dict(zip([i for i in ids if i], known, strict=True))
+        ours = BackfillRef(id=record.id, run=run.number)
+        walked, excluded, skipped, new = 0, 0, 0, []
+        for o, job_id in zip(objects, ids, strict=True):
+            if job_id is not None and found[job_id] is None and len(new) == share:
+                break
+            walked += 1
+            if job_id is None:
+                excluded += 1
+            elif found[job_id] is None:
+                new.append((o, job_id))
+            elif found[job_id].backfill != ours:
+                skipped += 1  # made before: by an earlier run, another backfill, a retry
+        made = sum(self.pool.map(lambda n: self._make(record, bucket, *n), new))
+        cursor = objects[walked - 1]["Key"] if walked else run.cursor
+        finished = walked == len(objects) and not truncated
+
+        def advance(r: BackfillRecord) -> BackfillRecord:
+            if r.run.number != run.number:
+                raise BackfillError(f"backfill {r.id}: run {run.number} was replaced")
+            update = {
+                "cursor": cursor,
+                "listed": r.run.listed + walked,
+                "excluded": r.run.excluded + excluded,
+                "skipped": r.run.skipped + skipped,
+            }
+            if finished:
+                update["scanned_at"] = datetime.now(UTC)
+            return r.model_copy(update={"run": r.run.model_copy(update=update)})
+
+        self.backfills.update(record.id, advance)
+        if finished:
+            log.info("backfill %s: run %d listed to its end", record.id, run.number)
+        return made, walked
+
+    def _make(self, record: BackfillRecord, bucket: str, obj: dict, job_id: str) -> bool:
+        """Make the job of one object: queued, or failed at once where its first bytes are
+        refused. False: it exists already, or the object is gone."""
+        key, size = obj["Key"], obj["Size"]
+        error, fmt, frames = None, "unknown", None
+        kind = Sniffed(None, False).kind  # what a file not recognised is taken for
+        try:
+            if size == 0:
+                raise OptionError("invalid_audio", f"the file is empty; {EXPECTED}")
+            _, first = self.storage.head(key, bucket, HEAD_BYTES)
+            head = Inspector(self.settings.max_upload_bytes, self.settings.max_audio_s).judge(
+                first, size
+            )
+            kind, fmt = head.sniffed.kind, head.sniffed.format
+            frames = head.npy.frames if head.npy else None
+        except OptionError as e:
+            error = JobError(code=e.code, message=str(e))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in MISSING:
+                log.info("backfill %s: %s is gone since it was listed", record.id, key)
+                return False
+            raise
+        job = JobRecord(
+            id=job_id,
+            tenant=record.tenant,
+            model=record.spec.model,
+            options=record.spec.options,
+            priority=BULK,
+            input=JobInput(
+                kind=kind, bytes=size, filename=key.rpartition("/")[2], format=fmt, frames=frames
+            ),
+            source=_uri(bucket, key),
+            backfill=BackfillRef(id=record.id, run=record.run.number),
+        )
+        return self._add(job, error)
+
+    def _add(self, job: JobRecord, error: JobError | None) -> bool:
+        try:
+            self.jobs.create(job)
+        except TransitionError:  # made by a step that died before its cursor moved
+            return False
+        if error is not None:
+            self.jobs.transition(job.id, JobStatus.failed, error=error)
+        else:
+            dispatch(self.queue, self.jobs, job)
+        return True
+
+    # -- retry
+
+    def retry_some(self, record: BackfillRecord, share: int) -> tuple[int, int]:
+        """Run again up to `share` of the backfill's failed jobs, each as a new job; once none
+        is left, the backfill stops retrying."""
+        failed = self.backfills.key(record.id, "failed")
+        _, entries = self.redis.hscan(failed, 0, count=share)
+        entries = list(entries.items())[:share]
+        if not entries:
+            self.backfills.update(record.id, lambda r: r.model_copy(update={"retrying": False}))
+            return 0, 0
+        old = self.jobs.get_many([k.decode() for k, _ in entries])
+        made = 0
+        for (job_id, _), before in zip(entries, old, strict=True):
+            job_id = job_id.decode()
+            if before is not None:
+                job = before.model_copy(
+                    update={
+                        "id": retry_job_id(job_id),
+                        "status": JobStatus.queued,
+                        "created_at": datetime.now(UTC),
+                        "started_at": None,
+                        "finished_at": None,
+                        "attempts": 0,
+                        "quarantined": False,
+                        "quarantine_deaths": 0,
+                        "worker": None,
+                        "error": None,
+                        "progress": before.progress.model_copy(update={"done_s": 0.0}),
+                        "backfill": BackfillRef(id=record.id, run=record.run.number),
+                    }
+                )
+                made += self._add(job, None)
+            code = before.error.code if before and before.error else "unknown"
+            self._forget_failure(record.id, job_id, code)
+        return made, len(entries)
+
+    def _forget_failure(self, backfill_id: str, job_id: str, code: str) -> None:
+        """The failed job was retried: it leaves `failed` (counted once, whoever gets here)."""
+        failed = self.backfills.key(backfill_id, "failed")
+        counts = self.backfills.key(backfill_id, "counts")
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(failed)
+                    if not pipe.hexists(failed, job_id):
+                        return
+                    pipe.multi()
+                    pipe.hdel(failed, job_id)
+                    pipe.hincrby(counts, "failed", -1)
+                    pipe.hincrby(counts, f"failed:{code}", -1)
+                    pipe.hincrby(counts, "retried", 1)
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
+
+    # -- the harvest
+
+    def harvest(self, record: BackfillRecord) -> bool:
+        """Copies and manifest lines for up to HARVEST_BATCH ended jobs, in one part: once
+        that many ended, once the first waited PART_EVERY_S, or once none is in flight."""
+        ended = self.backfills.key(record.id, "ended")
+        ids = [i.decode() for i in self.redis.lrange(ended, 0, HARVEST_BATCH - 1)]
+        if not ids:
+            self.waiting.pop(record.id, None)
+            return False
+        since = self.waiting.setdefault(record.id, time.monotonic())
+        due = time.monotonic() - since >= PART_EVERY_S or len(ids) == HARVEST_BATCH
+        if not due and self.redis.scard(self.backfills.key(record.id, "inflight")):
+            return False
+        jobs = self.jobs.get_many(ids)
+        pairs = zip(ids, jobs, strict=True)
+        lines = list(self.pool.map(lambda p: self._deliver(record, *p), pairs))
+        counts = self.backfills.key(record.id, "counts")
+        part = int(self.redis.hget(counts, "manifest_parts") or 0) + 1
+        bucket, prefix = split_prefix(record.output)
+        body = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        self.storage.put(
+            f"{prefix}_manifest/{part:06d}.jsonl", body.encode(), "application/x-ndjson", bucket
+        )
+        with self.redis.pipeline() as pipe:
+            pipe.ltrim(ended, len(ids), -1)
+            pipe.hincrby(counts, "manifest_parts", 1)
+            pipe.execute()
+        self.waiting.pop(record.id, None)
+        return True
+
+    def _deliver(self, record: BackfillRecord, job_id: str, job: JobRecord | None) -> dict:
+        """The rendered copies of one ended job, and its manifest line."""
+        if job is None:  # deleted by its tenant since it ended
+            return {"key": None, "job_id": job_id, "status": "deleted", "error": None,
+                    "audio_s": None, "results": []}  # fmt: skip
+        key = job.input_location[1]
+        line = {
+            "key": key,
+            "job_id": job.id,
+            "status": str(job.status),
+            "error": job.error.model_dump() if job.error else None,
+            "audio_s": job.progress.done_s if job.status is JobStatus.succeeded else None,
+            "results": [],
+        }
+        if job.status is not JobStatus.succeeded:
+            return line
+        bucket, prefix = split_prefix(record.output)
+        base = prefix + record.relative(key)
+        formats = record.spec.formats
+        results = []
+        try:
+            self.storage.copy(job.result_key, bucket, f"{base}.json")
+            results.append(_uri(bucket, f"{base}.json"))
+            if len(formats) > 1:
+                result = TranscriptResult.model_validate_json(self.storage.get(job.result_key))
+                for name in formats[1:]:
+                    writer = WRITERS[name]
+                    target = f"{base}.{writer.extension}"
+                    data = writer.render(result).encode()
+                    self.storage.put(target, data, writer.media_type, bucket)
+                    results.append(_uri(bucket, target))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in MISSING:
+                raise
+            line["status"], line["error"] = "deleted", None  # its result went with the job
+        line["results"] = results
+        return line
+
+    # -- the end of a run, and the next
+
+    def _finish(self, backfill_id: str) -> None:
+        """A backfill whose jobs all ended and are harvested: without a schedule, once its run
+        is listed and retried, it is done; cancelled, the scanner lets go of it."""
+        inflight = self.redis.scard(self.backfills.key(backfill_id, "inflight"))
+        pending = self.redis.llen(self.backfills.key(backfill_id, "ended"))
+        if inflight or pending:
+            return
+
+        def done(r: BackfillRecord) -> BackfillRecord:
+            if r.state != "active":  # cancelled (or done): nothing left to look after
+                return r
+            if r.spec.schedule or r.retrying or r.run.scanned_at is None:
+                raise BackfillError("not done")
+            log.info("backfill %s: done", backfill_id)
+            return r.model_copy(update={"state": "done", "finished_at": datetime.now(UTC)})
+
+        def release(pipe) -> None:
+            pipe.srem(self.backfills.active, backfill_id)
+
+        try:
+            self.backfills.update(backfill_id, done, also=release)
+        except BackfillError:
+            return
+        self.served.pop(backfill_id, None)
+
+
+def drop_queued(
+    backfills: BackfillStore, jobs: JobStore, backfill_id: str, retention_s: float
+) -> None:
+    """Cancel the backfill's jobs that wait in the queue (a running one finishes)."""
+    error = JobError(code="cancelled", message="its backfill was cancelled")
+    for job_id in backfills.in_flight(backfill_id):
+        try:
+            jobs.transition(job_id, JobStatus.cancelled, only_from=JobStatus.queued, error=error)
+        except TransitionError:  # running, or ended meanwhile
+            continue
+        jobs.expire(job_id, retention_s)
+
+
+def start_run(backfills: BackfillStore, backfill_id: str) -> BackfillRecord | None:
+    """A scheduled time came: the next run begins, unless the last is still listing (then it
+    is counted as skipped) or began less than the schedule's minimum gap ago (the same time
+    delivered twice). The new run lists the prefix from the start; objects with jobs are
+    skipped. None: no run began."""
+    backfills.redis.hincrby(backfills.key(backfill_id, "counts"), "scheduled", 1)
+    began: list[BackfillRecord] = []
+
+    def next_run(r: BackfillRecord) -> BackfillRecord:
+        if r.state == "cancelled" or not r.spec.schedule:
+            raise BackfillError(f"backfill {r.id} is {r.state}")
+        if r.run.scanned_at is None:
+            log.warning("backfill %s: run %d is still listing; this time skipped", r.id,
+                        r.run.number)  # fmt: skip
+            return r.model_copy(update={"runs_skipped": r.runs_skipped + 1})
+        gap = min_gap_s(parse_schedule(r.spec.schedule))
+        if datetime.now(UTC) - r.run.started_at < timedelta(seconds=gap):
+            raise BackfillError(f"backfill {r.id}: run {r.run.number} began {gap} s ago or less")
+        updated = r.model_copy(
+            update={"run": Run(number=r.run.number + 1), "state": "active", "finished_at": None}
+        )
+        began.append(updated)
+        return updated
+
+    try:
+        backfills.update(backfill_id, next_run)
+    except BackfillError as e:
+        log.info("scheduled run not begun: %s", e)
+        return None
+    if began:
+        log.info("backfill %s: run %d begins", backfill_id, began[-1].run.number)
+    return began[-1] if began else None
+
+
+# -- schedules and the process
+
+
+def _queue() -> Queue:
+    return Queue(BACKFILL_QUEUE, Exchange(BACKFILL_QUEUE), routing_key=BACKFILL_QUEUE)
+
+
+def create_backfill_app(settings: Settings) -> Celery:
+    """The scanner's and beat's Celery app: only the `backfills` queue, and redbeat's
+    scheduler, its entries and lock in the fleet's Redis."""
+    app = Celery("whisperfleet-backfills", broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_queues=[_queue()],
+        task_default_queue=BACKFILL_QUEUE,
+        task_routes={SCHEDULED_TASK: {"queue": _queue()}},
+        broker_connection_retry_on_startup=True,
+        worker_pool="threads",
+        worker_hijack_root_logger=False,
+        timezone="UTC",
+        beat_scheduler="redbeat.RedBeatScheduler",
+        beat_max_loop_interval=5,  # a beat that takes over sees new entries this soon
+        redbeat_redis_url=settings.redis_url,
+        redbeat_key_prefix="whisperfleet:redbeat",
+        redbeat_lock_key="whisperfleet:redbeat::lock",
+        redbeat_lock_timeout=30,  # a beat killed holding the lock is replaced after this
+    )
+    return app
+
+
+def schedule(celery_app: Celery, record: BackfillRecord) -> None:
+    """Enter the backfill's schedule for beat (replacing any entry it had)."""
+    from redbeat import RedBeatSchedulerEntry
+
+    when = parse_schedule(record.spec.schedule)
+    RedBeatSchedulerEntry(
+        f"backfill:{record.id}",
+        SCHEDULED_TASK,
+        every(when) if isinstance(when, timedelta) else when,
+        args=[record.id],
+        options={"queue": BACKFILL_QUEUE},
+        app=celery_app,
+    ).save()
+
+
+def unschedule(celery_app: Celery, backfill_id: str) -> None:
+    from redbeat import RedBeatSchedulerEntry
+
+    key = f"{celery_app.conf.redbeat_key_prefix}:backfill:{backfill_id}"
+    try:
+        RedBeatSchedulerEntry.from_key(key, app=celery_app).delete()
+    except KeyError:  # it had none
+        pass
+
+
+app = create_backfill_app(get_settings())
+
+
+@cache
+def _backfills() -> BackfillStore:
+    return BackfillStore(redis.Redis.from_url(get_settings().redis_url))
+
+
+@app.task(name=SCHEDULED_TASK, shared=False)
+def scheduled(backfill_id: str) -> None:
+    start_run(_backfills(), backfill_id)
+
+
+def pump(scanner: Scanner, stop: threading.Event) -> None:
+    """Step until stopped: at once again after a step that did something."""
+    while not stop.is_set():
+        try:
+            busy = scanner.step()
+        except Exception as e:  # Redis or storage away, for a while: tried again
+            log.warning("scanner step failed (%s: %s); trying again", type(e).__name__, e)
+            busy = False
+            stop.wait(2.0)
+        if not busy:
+            stop.wait(IDLE_S)
+
+
+def run(concurrency: int = 2) -> None:
+    """`whisperfleet scanner`: the pump thread, and the worker that takes scheduled runs."""
+    settings = get_settings()
+    configure_logs(settings.log_format)
+    client = redis.Redis.from_url(settings.redis_url)
+    scanner = Scanner(settings, client, Storage(settings), create_job_app(settings))
+    stop = threading.Event()
+    threading.Thread(target=pump, args=(scanner, stop), name="pump", daemon=True).start()
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--loglevel=INFO",
+                f"--queues={BACKFILL_QUEUE}",
+                f"--concurrency={concurrency}",
+                f"--hostname=whisperfleet-scanner-{os.getpid()}@{socket.gethostname()}",
+                "--without-gossip",
+                "--without-mingle",
+            ]
+        )
+    finally:
+        stop.set()
+
+
+def beat() -> None:
+    """`whisperfleet beat`: Celery beat with the backfills' schedules."""
+    settings = get_settings()
+    configure_logs(settings.log_format)
+    app.Beat(loglevel="INFO", scheduler="redbeat.RedBeatScheduler").run()
