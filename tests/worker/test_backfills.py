@@ -1,0 +1,425 @@
+"""Backfills in one process: the scanner's steps against the real Redis (db 14) and moto's S3
+server, with no worker (a test ends jobs as a worker's hooks do, through the job store), and
+the REST routes through a TestClient. The same with real processes, crashes and beat:
+tests/faults/test_backfills.py."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+import worker.scanner as scanner_module
+from api.main import create_app
+from worker.app import create_app as create_job_app
+from worker.contract.backfills import (
+    BackfillCreate,
+    BackfillRecord,
+    BackfillStore,
+    object_job_id,
+    parse_schedule,
+)
+from worker.contract.formats import WRITERS
+from worker.contract.jobs import JobError, JobStatus, JobStore, Progress, TransitionError
+from worker.contract.options import JobOptions
+from worker.contract.results import TranscriptResult, TranscriptSegment
+from worker.contract.tenants import Limits
+from worker.scanner import BULK, Scanner, drop_queued, start_run
+from worker.storage import Storage
+
+ARCHIVE = "archive-bf"
+
+
+@pytest.fixture
+def world(settings, clips):
+    """The scanner's world: settings whose tenant may read the archive bucket, storage with
+    that bucket, and a scanner (its locks lapse at once, so a 'restarted' one goes on)."""
+    settings = settings.model_copy(update={"tenant_sources": [f"s3://{ARCHIVE}/"]})
+    storage = Storage(settings)
+    storage.ensure_bucket()
+    try:
+        storage.client.create_bucket(Bucket=ARCHIVE)
+    except storage.client.exceptions.BucketAlreadyOwnedByYou:
+        for page in storage.client.get_paginator("list_objects_v2").paginate(Bucket=ARCHIVE):
+            for o in page.get("Contents", []):
+                storage.client.delete_object(Bucket=ARCHIVE, Key=o["Key"])
+    return World(settings, storage, clips["en_jfk"].bytes)
+
+
+class World:
+    def __init__(self, settings, storage, audio: bytes):
+        self.settings, self.storage, self.audio = settings, storage, audio
+        self.store = JobStore(redis.Redis.from_url(settings.redis_url))
+        self.backfills = BackfillStore(self.store.redis)
+        self.queue = create_job_app(settings)
+
+    def scanner(self, **changes) -> Scanner:
+        settings = self.settings.model_copy(update=changes)
+        return Scanner(settings, self.store.redis, self.storage, self.queue)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.storage.client.put_object(Bucket=ARCHIVE, Key=key, Body=data)
+
+    def backfill(self, prefix: str, **spec) -> BackfillRecord:
+        create = BackfillCreate(source=f"s3://{ARCHIVE}/{prefix}", **spec)
+        create = create.resolve(
+            self.settings,
+            Limits(sources=self.settings.tenant_sources, jobs_per_minute=1, jobs_in_flight=1),
+        )
+        record = BackfillRecord(
+            id=new_id(),
+            tenant="default",
+            spec=create,
+            output=f"s3://{self.settings.s3_bucket}/backfills/default/out-{prefix}",
+        )
+        self.backfills.create(record)
+        return record
+
+    def until_listed(self, scanner: Scanner, backfill_id: str, steps: int = 50) -> None:
+        for _ in range(steps):
+            scanner.step()
+            if self.backfills.get(backfill_id).run.scanned_at is not None:
+                return
+        raise AssertionError(f"backfill {backfill_id} is still listing")
+
+    def jobs_of(self, backfill_id: str) -> list:
+        found = []
+        for key in self.store.redis.scan_iter(match="whisperfleet:job:*", count=1000):
+            record = self.store.get(key.decode().rpartition(":")[2])
+            if record and record.backfill and record.backfill.id == backfill_id:
+                found.append(record)
+        return found
+
+    def end(self, job, status: JobStatus, duration: float = 11.0) -> None:
+        """What a worker does: run the job, store its result, move its record."""
+        self.store.transition(job.id, JobStatus.running)
+        if status is JobStatus.succeeded:
+            segment = TranscriptSegment(
+                id=0, start=0.0, end=duration, text=" Ask not.", tokens=[1, 2], avg_logprob=-0.2,
+                compression_ratio=1.0, no_speech_prob=0.01, temperature=0.0,
+            )  # fmt: skip
+            result = TranscriptResult(
+                text=" Ask not.",
+                language="en",
+                language_probability=None,
+                duration=duration,
+                segments=[segment],
+                model=job.model,
+                options=job.options,
+                seed=1,
+            )
+            body = WRITERS["json"].render(result).encode()
+            self.storage.put_once(job.result_key, body, "application/json")
+            progress = Progress(done_s=duration, total_s=duration)
+            self.store.transition(job.id, status, progress=progress)
+        else:
+            error = JobError(code="invalid_audio", message="could not decode the audio")
+            self.store.transition(job.id, status, error=error)
+
+
+_ids = iter(range(1, 10**6))
+
+
+def new_id() -> str:
+    return f"bf_{next(_ids):024x}"
+
+
+# -- the contract
+
+
+@pytest.mark.parametrize(
+    "text", ["0 2 * * *", "@nightly", "@hourly", "*/5 * * * 1-5", "@every 10s", "@every 2h"]
+)
+def test_schedules_parse(text):
+    parse_schedule(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["61 * * * *", "* * *", "@every 3s", "@every", "@yearlyish", "nightly"]
+)
+def test_bad_schedules_are_refused_in_words(text):
+    with pytest.raises(ValueError, match="schedule"):
+        parse_schedule(text)
+
+
+def test_the_job_id_follows_what_makes_the_result():
+    options = JobOptions()
+    one = object_job_id("t", "b", "a/x.flac", '"e1"', "tiny.en", options)
+    assert one == object_job_id("t", "b", "a/x.flac", "e1", "tiny.en", options)
+    others = {
+        object_job_id("u", "b", "a/x.flac", "e1", "tiny.en", options),
+        object_job_id("t", "c", "a/x.flac", "e1", "tiny.en", options),
+        object_job_id("t", "b", "a/y.flac", "e1", "tiny.en", options),
+        object_job_id("t", "b", "a/x.flac", "e2", "tiny.en", options),
+        object_job_id("t", "b", "a/x.flac", "e1", "base", options),
+        object_job_id("t", "b", "a/x.flac", "e1", "tiny.en", JobOptions(language="en")),
+    }
+    assert one not in others and len(others) == 6
+
+
+def test_patterns_choose_the_objects():
+    spec = BackfillCreate(
+        source="s3://archive/calls",  # the slash is added
+        include=["2026/*"],
+        exclude=["*/draft-*"],
+        extensions=[".FLAC", "wav"],
+        modified_since=datetime(2026, 1, 1),
+    )
+    assert spec.source == "s3://archive/calls/"
+    new, old = datetime(2026, 6, 1, tzinfo=UTC), datetime(2025, 6, 1, tzinfo=UTC)
+    assert spec.takes("2026/a/b.flac", new)
+    assert spec.takes("2026/c.WAV", new)
+    assert not spec.takes("2026/a/b.flac", old)
+    assert not spec.takes("2025/b.flac", new)
+    assert not spec.takes("2026/x/draft-1.flac", new)
+    assert not spec.takes("2026/notes.txt", new)
+    assert spec.formats == ["json"]
+
+
+# -- the scanner
+
+
+def test_one_job_per_object_and_a_rerun_makes_none(world):
+    for i in range(12):
+        world.put(f"calls/{i:02d}.flac", world.audio)
+    world.put("calls/empty.wav", b"")
+    world.put("calls/notes.txt", b"not audio")
+    world.put("calls/fake.flac", b"this is no flac at all")
+    record = world.backfill("calls/")
+    scanner = world.scanner()
+    world.until_listed(scanner, record.id)
+    jobs = world.jobs_of(record.id)
+    assert len(jobs) == 14  # 12 clips, the empty one and the fake: not the .txt
+    failed = {j.source.rpartition("/")[2]: j.error.code for j in jobs if j.status == "failed"}
+    assert failed == {"empty.wav": "invalid_audio", "fake.flac": "invalid_audio"}
+    assert all(j.priority == BULK and j.status == "queued" for j in jobs if j.error is None)
+    assert world.store.redis.llen(BULK) == 12
+    run = world.backfills.get(record.id).run
+    assert (run.listed, run.excluded, run.skipped) == (15, 1, 0)
+    counts = world.backfills.counts(world.backfills.get(record.id))
+    assert (counts.created, counts.failed, counts.in_flight) == (14, 2, 12)
+
+    again = world.backfill("calls/")  # the same objects, model and options: nothing to do
+    world.until_listed(scanner, again.id)
+    assert world.jobs_of(again.id) == []
+    assert world.backfills.get(again.id).run.skipped == 14
+    assert world.store.redis.llen(BULK) == 12
+
+
+def test_a_scan_that_dies_mid_page_goes_on_without_making_a_job_twice(world, monkeypatch):
+    for i in range(20):
+        world.put(f"crash/{i:02d}.flac", world.audio)
+    record = world.backfill("crash/")
+    dying = world.scanner()
+    real_head, calls = Storage.head, []
+
+    def head(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 7:
+            raise ConnectionError("killed")
+        return real_head(self, *args, **kwargs)
+
+    monkeypatch.setattr(Storage, "head", head)
+    with pytest.raises(ConnectionError):
+        dying.step()
+    made = len(world.jobs_of(record.id))
+    assert 1 <= made < 20
+    assert world.backfills.get(record.id).run.cursor is None  # the page is not done
+    monkeypatch.setattr(Storage, "head", real_head)
+    monkeypatch.setattr(scanner_module, "LOCK_TTL_S", 0.2)
+    world.store.redis.delete(world.backfills.key(record.id, "lock"))  # lapsed
+    world.until_listed(world.scanner(), record.id)
+    jobs = world.jobs_of(record.id)
+    assert len(jobs) == 20 and len({j.source for j in jobs}) == 20
+    run = world.backfills.get(record.id).run
+    assert (run.listed, run.skipped) == (20, 0)  # the repeated page is counted once
+    assert world.backfills.counts(world.backfills.get(record.id)).created == 20
+    assert world.store.redis.llen(BULK) == 20
+
+
+def test_the_bulk_queue_stays_under_its_bound_and_a_late_small_backfill_gets_its_share(world):
+    for i in range(60):
+        world.put(f"huge/{i:02d}.flac", world.audio)
+    for i in range(6):
+        world.put(f"small/{i}.flac", world.audio)
+    scanner = world.scanner(backfill_queue_bound=10)
+    huge = world.backfill("huge/")
+    scanner.step()
+    assert world.store.redis.llen(BULK) == 10
+    small = world.backfill("small/")
+    world.store.redis.delete(BULK)  # workers took the 10 messages: the room is shared
+    scanner.step()
+    assert len(world.jobs_of(small.id)) == 5 and len(world.jobs_of(huge.id)) == 15
+    world.store.redis.delete(BULK)
+    scanner.step()  # the small one needs 1 of its 5; the rest of the room is the huge one's
+    assert world.store.redis.llen(BULK) == 10
+    assert len(world.jobs_of(small.id)) == 6 and len(world.jobs_of(huge.id)) == 24
+    assert world.backfills.get(small.id).run.scanned_at is not None
+    assert world.backfills.get(huge.id).run.scanned_at is None
+
+
+def test_ended_jobs_are_counted_once_and_written_out(world):
+    for i in range(4):
+        world.put(f"out/a/{i}.flac", world.audio)
+    record = world.backfill("out/", formats=["srt", "text"])
+    scanner = world.scanner()
+    world.until_listed(scanner, record.id)
+    jobs = sorted(world.jobs_of(record.id), key=lambda j: j.source)
+    for job in jobs[:3]:
+        world.end(job, JobStatus.succeeded)
+    world.end(jobs[3], JobStatus.failed)
+    with pytest.raises(TransitionError):  # a second end of one job is refused, not counted
+        world.store.transition(jobs[0].id, JobStatus.succeeded)
+    scanner.step()
+    record = world.backfills.get(record.id)
+    assert record.state == "done"
+    counts = world.backfills.counts(record)
+    assert (counts.succeeded, counts.failed, counts.in_flight) == (3, 1, 0)
+    assert counts.audio_s == pytest.approx(33.0)
+    assert world.backfills.failures(record.id)[0]["code"] == "invalid_audio"
+    bucket, out = world.settings.s3_bucket, "backfills/default/out-out/"
+    stored = {k for page in world.storage.pages(out) for k in page}
+    for job in jobs[:3]:
+        name = job.source.rpartition("out/")[2]
+        assert {f"{out}{name}.json", f"{out}{name}.srt", f"{out}{name}.txt"} <= stored
+    srt = world.storage.get(f"{out}a/0.flac.srt", bucket).decode()
+    assert srt == WRITERS["srt"].render(
+        TranscriptResult.model_validate_json(world.storage.get(jobs[0].result_key))
+    )
+    parts = sorted(k for k in stored if k.startswith(f"{out}_manifest/"))
+    lines = [json.loads(x) for p in parts for x in world.storage.get(p, bucket).splitlines()]
+    assert sorted(line["key"] for line in lines) == sorted(j.input_location[1] for j in jobs)
+    assert {line["status"] for line in lines} == {"succeeded", "failed"}
+    ok = next(line for line in lines if line["status"] == "succeeded")
+    assert ok["audio_s"] == 11.0 and len(ok["results"]) == 3
+    bad = next(line for line in lines if line["status"] == "failed")
+    assert bad["error"]["code"] == "invalid_audio" and bad["results"] == []
+
+
+def test_retry_runs_failed_objects_again_once(world):
+    for i in range(3):
+        world.put(f"retry/{i}.flac", world.audio)
+    record = world.backfill("retry/")
+    scanner = world.scanner()
+    world.until_listed(scanner, record.id)
+    for job in world.jobs_of(record.id):
+        world.end(job, JobStatus.failed)
+    scanner.step()
+    assert world.backfills.get(record.id).state == "done"
+
+    for _ in range(2):  # asked twice: each failed object still gets one new job
+        world.backfills.update(
+            record.id, lambda r: r.model_copy(update={"retrying": True, "state": "active"})
+        )
+        for _ in range(3):
+            scanner.step()
+    jobs = world.jobs_of(record.id)
+    assert len(jobs) == 6
+    assert sum(j.status == "queued" for j in jobs) == 3
+    counts = world.backfills.counts(world.backfills.get(record.id))
+    assert (counts.failed, counts.retried, counts.in_flight) == (0, 3, 3)
+    assert not world.backfills.get(record.id).retrying
+
+
+def test_cancel_drops_queued_jobs_and_lets_running_ones_finish(world):
+    for i in range(4):
+        world.put(f"cancel/{i}.flac", world.audio)
+    record = world.backfill("cancel/")
+    scanner = world.scanner()
+    world.until_listed(scanner, record.id)
+    jobs = world.jobs_of(record.id)
+    world.store.transition(jobs[0].id, JobStatus.running)
+    world.backfills.update(record.id, lambda r: r.model_copy(update={"state": "cancelled"}))
+    drop_queued(world.backfills, world.store, record.id, 60)
+    statuses = sorted(world.store.get(j.id).status for j in jobs)
+    assert statuses == ["cancelled"] * 3 + ["running"]
+    scanner.step()
+    assert record.id in world.backfills.active_ids()  # its running job is still to harvest
+    world.store.transition(jobs[0].id, JobStatus.succeeded, progress=Progress(done_s=1.0))
+    world.storage.put_once(jobs[0].result_key, b"{}", "application/json")
+    scanner.step()
+    assert record.id not in world.backfills.active_ids()
+    assert world.backfills.get(record.id).state == "cancelled"
+
+
+def test_a_scheduled_time_begins_one_run(world):
+    world.put("sched/0.flac", world.audio)
+    record = world.backfill("sched/", schedule="@every 10s")
+    assert start_run(world.backfills, record.id) is None  # run 1 is still listing: skipped
+    assert world.backfills.get(record.id).runs_skipped == 1
+    world.until_listed(world.scanner(), record.id)
+    assert start_run(world.backfills, record.id) is None  # within 5 s of run 1: a duplicate
+    earlier = world.backfills.get(record.id).run.started_at - timedelta(seconds=6)
+    world.backfills.update(
+        record.id,
+        lambda r: r.model_copy(update={"run": r.run.model_copy(update={"started_at": earlier})}),
+    )
+    run = start_run(world.backfills, record.id).run
+    assert (run.number, run.cursor, run.scanned_at) == (2, None, None)
+
+
+# -- the routes
+
+
+@pytest.fixture
+def client(world):
+    with TestClient(create_app(world.settings)) as c:
+        yield c
+
+
+def test_the_routes_start_follow_list_cancel_and_retry(client, world):
+    world.put("api/0.flac", world.audio)
+    world.put("api/bad.flac", b"")
+    started = client.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/api/"})
+    assert started.status_code == 201, started.text
+    backfill = started.json()
+    assert backfill["status"] == "scanning" and backfill["spec"]["model"] == "tiny.en"
+    world.until_listed(world.scanner(), backfill["id"])
+    seen = client.get(f"/v1/backfills/{backfill['id']}").json()
+    assert seen["status"] == "running"
+    assert seen["counts"]["created"] == 2 and seen["counts"]["failed"] == 1
+    assert seen["failures"][0]["source"] == f"s3://{ARCHIVE}/api/bad.flac"
+    assert client.get("/v1/backfills").json()["data"][0]["id"] == backfill["id"]
+    assert client.post(f"/v1/backfills/{backfill['id']}/retry").status_code == 202
+    cancelled = client.delete(f"/v1/backfills/{backfill['id']}").json()
+    assert cancelled["status"] == "cancelled"
+    assert world.store.redis.llen(BULK) >= 1  # the message stays; its job is cancelled
+    statuses = {j.source.rpartition("/")[2]: j.status for j in world.jobs_of(backfill["id"])}
+    assert statuses == {"0.flac": "cancelled", "bad.flac": "failed"}
+    refused = client.post(f"/v1/backfills/{backfill['id']}/retry")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "backfill_cancelled"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"source": "s3://elsewhere/x/"}, 403, "source_not_allowed"),
+        (
+            {"source": f"s3://{ARCHIVE}/a/", "output": "s3://elsewhere/o/"},
+            403,
+            "output_not_allowed",
+        ),
+        ({"source": "http://x/y"}, 422, "invalid_request"),
+        ({"source": f"s3://{ARCHIVE}/a/", "schedule": "@every 1s"}, 422, "invalid_request"),
+        ({"source": f"s3://{ARCHIVE}/a/", "model": "large-v9"}, 422, "unknown_model"),
+        ({"source": f"s3://{ARCHIVE}/a/", "language": "de"}, 422, "invalid_option"),
+        ({"source": f"s3://{ARCHIVE}/a/", "formats": ["docx"]}, 422, "invalid_request"),
+        ({"source": f"s3://{ARCHIVE}/a/", "sauce": 1}, 422, "invalid_request"),
+    ],
+)
+def test_a_bad_backfill_is_refused_in_words(client, body, status, code):
+    answer = client.post("/v1/backfills", json=body)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"]["code"] == code
+
+
+def test_another_tenants_backfill_is_not_found(client, world):
+    world.put("mine/0.flac", world.audio)
+    record = world.backfill("mine/")
+    world.backfills.update(record.id, lambda r: r.model_copy(update={"tenant": "other"}))
+    for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/retry"), ("GET", "/manifest")):
+        answer = client.request(method, f"/v1/backfills/{record.id}{path}")
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
