@@ -9,7 +9,14 @@ from pydantic import BaseModel, Field
 
 from worker.contract.backfills import BackfillCreate
 from worker.contract.formats import WRITERS
-from worker.contract.jobs import JobError, JobInput, JobRecord, JobStatus, Progress
+from worker.contract.jobs import (
+    BackfillRef,
+    JobError,
+    JobInput,
+    JobRecord,
+    JobStatus,
+    Progress,
+)
 from worker.contract.options import JobOptions, Priority
 
 
@@ -28,6 +35,9 @@ class JobPublic(BaseModel):
     error: JobError | None
     source: str | None = Field(description="the s3:// input it was submitted with, if any")
     webhook: str | None
+    backfill: BackfillRef | None = Field(
+        None, description="the backfill (and its run) that made it, if one did"
+    )
 
     @classmethod
     def from_record(cls, record: JobRecord) -> JobPublic:

@@ -90,7 +90,7 @@ MAX_DELAY_S = 3600.0
 # test keeps the two equal), never the service's own (tenant, worker, quarantine)
 PUBLIC_FIELDS = frozenset(
     {"id", "status", "model", "options", "priority", "input", "created_at", "started_at",
-     "finished_at", "attempts", "progress", "error", "source", "webhook"}
+     "finished_at", "attempts", "progress", "error", "source", "webhook", "backfill"}
 )  # fmt: skip
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

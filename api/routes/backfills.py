@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import SettingsDep, StorageDep, StoreDep, TenantDep, TenantsDep
 from api.errors import ApiError, error_answers
+from api.idempotency import Idempotency, fingerprint
 from api.schemas import BackfillCounts, BackfillList, BackfillPublic, BackfillRun
 from worker.contract.backfills import (
     BackfillCreate,
@@ -101,9 +102,9 @@ def public(backfills: BackfillStore, record: BackfillRecord) -> BackfillPublic:
     "",
     status_code=201,
     response_model=BackfillPublic,
-    responses=error_answers(401, 403, 422, 429, 503),
+    responses=error_answers(401, 403, 409, 422, 429, 503),
 )
-def create_backfill(
+async def create_backfill(
     spec: BackfillCreate,
     request: Request,
     tenant: TenantDep,
@@ -114,7 +115,32 @@ def create_backfill(
 ) -> BackfillPublic:
     """Transcribe every audio object under `source` (and, with a `schedule`, again at each
     scheduled time, the objects that arrived since): each object once, as a `bulk` job made
-    while the bulk queue has room; rendered copies and a manifest go under `output`."""
+    while the bulk queue has room; rendered copies and a manifest go under `output`. With an
+    `Idempotency-Key`, a retry answers the backfill the first request started."""
+    idem = None
+    print_ = fingerprint(request.url.path, spec.model_dump(mode="json", exclude_unset=True))
+    if key := request.headers.get("idempotency-key"):
+        idem = Idempotency(backfills.redis, tenant, key, settings.idempotency_ttl_s)
+        if not await run_in_threadpool(idem.claim):
+            backfill_id = await idem.replay(print_)
+            record = await run_in_threadpool(backfills.get, backfill_id)
+            if record is None:
+                raise ApiError(404, "not_found", f"no backfill {backfill_id}")
+            return await run_in_threadpool(public, backfills, record)
+    try:
+        record = await run_in_threadpool(
+            _create, spec, request, tenant, tenants, backfills, storage, settings
+        )
+    except BaseException:
+        if idem is not None:
+            await run_in_threadpool(idem.release)
+        raise
+    if idem is not None:
+        await run_in_threadpool(idem.settle, print_, record.id)
+    return await run_in_threadpool(public, backfills, record)
+
+
+def _create(spec, request, tenant, tenants, backfills, storage, settings) -> BackfillRecord:
     spec = spec.resolve(settings, tenants.limits(tenant))
     mine = [b for b in map(backfills.get, backfills.active_ids()) if b and b.tenant == tenant]
     if sum(b.state == "active" for b in mine) >= settings.backfill_max_active:
@@ -141,7 +167,7 @@ def create_backfill(
     backfills.create(record)
     if spec.schedule:
         schedule(request.app.state.backfill_celery, record)
-    return public(backfills, record)
+    return record
 
 
 @router.get("", response_model=BackfillList, responses=ERRORS)

@@ -146,6 +146,10 @@ class Fleet:
         argv = ["celery", "-A", "worker.app", "worker", "--loglevel=INFO", f"--hostname={name}"]
         return self._start([sys.executable, "-m", *argv], self.env)
 
+    def start(self, *command: str) -> subprocess.Popen:
+        """Another `whisperfleet` process of this fleet: `start("scanner")`, `start("beat")`."""
+        return self._start([sys.executable, "-m", "worker.cli", *command], self.env)
+
     def _start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         log = open(self.log_path(len(self.workers)), "w")  # noqa: SIM115
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)

@@ -37,7 +37,8 @@ ARCHIVE = "archive-bf"
 def world(settings, clips):
     """The scanner's world: settings whose tenant may read the archive bucket, storage with
     that bucket, and a scanner (its locks lapse at once, so a 'restarted' one goes on)."""
-    settings = settings.model_copy(update={"tenant_sources": [f"s3://{ARCHIVE}/"]})
+    sources = [f"s3://{ARCHIVE}/", "s3://missing-bf/"]  # the second bucket does not exist
+    settings = settings.model_copy(update={"tenant_sources": sources})
     storage = Storage(settings)
     storage.ensure_bucket()
     try:
@@ -201,6 +202,7 @@ def test_one_job_per_object_and_a_rerun_makes_none(world):
     assert (run.listed, run.excluded, run.skipped) == (15, 1, 0)
     counts = world.backfills.counts(world.backfills.get(record.id))
     assert (counts.created, counts.failed, counts.in_flight) == (14, 2, 12)
+    assert world.store.in_flight("default") == 0  # the tenant's own limit is its own
 
     again = world.backfill("calls/")  # the same objects, model and options: nothing to do
     world.until_listed(scanner, again.id)
@@ -403,6 +405,7 @@ def test_the_routes_start_follow_list_cancel_and_retry(client, world):
             "output_not_allowed",
         ),
         ({"source": "http://x/y"}, 422, "invalid_request"),
+        ({"source": "s3://missing-bf/a/"}, 422, "source_not_found"),
         ({"source": f"s3://{ARCHIVE}/a/", "schedule": "@every 1s"}, 422, "invalid_request"),
         ({"source": f"s3://{ARCHIVE}/a/", "model": "large-v9"}, 422, "unknown_model"),
         ({"source": f"s3://{ARCHIVE}/a/", "language": "de"}, 422, "invalid_option"),
@@ -423,3 +426,15 @@ def test_another_tenants_backfill_is_not_found(client, world):
     for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/retry"), ("GET", "/manifest")):
         answer = client.request(method, f"/v1/backfills/{record.id}{path}")
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+
+
+def test_a_start_retried_with_its_idempotency_key_is_one_backfill(client, world):
+    world.put("idem/0.flac", world.audio)
+    body, key = {"source": f"s3://{ARCHIVE}/idem/"}, {"Idempotency-Key": "nightly-2026-12-01"}
+    first = client.post("/v1/backfills", json=body, headers=key)
+    again = client.post("/v1/backfills", json=body, headers=key)
+    assert first.status_code == again.status_code == 201
+    assert first.json()["id"] == again.json()["id"]
+    other = client.post("/v1/backfills", json={**body, "formats": ["srt"]}, headers=key)
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
+    assert [b["id"] for b in client.get("/v1/backfills").json()["data"]] == [first.json()["id"]]

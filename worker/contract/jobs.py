@@ -170,7 +170,9 @@ class JobStore:
     from `:sent` for long has lost its message (Redis lost it, or its receiver died).
     For each tenant: `:tenant:<t>:jobs`, its jobs by creation (a sorted set of `listed_as`
     members, all scored 0, read by lexical range: a cursor is a member, so pages stay
-    correct while jobs are added), and `:tenant:<t>:inflight`, its jobs not yet terminal.
+    correct while jobs are added), and `:tenant:<t>:inflight`, its jobs not yet terminal
+    (a backfill's are left out: they count against the bulk queue's bound, and would
+    otherwise take the tenant's in-flight limit from its own interactive jobs).
     A backfill's job is counted on its backfill (`backfill_key`) in the transaction that makes
     it and in the one that ends it, so each is counted once.
     """
@@ -203,8 +205,9 @@ class JobStore:
                     pipe.set(key, record.model_dump_json())
                     pipe.zadd(self.active, {record.id: time.time()})
                     pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
-                    pipe.sadd(self._inflight(record.tenant), record.id)
-                    if ref := record.backfill:
+                    if (ref := record.backfill) is None:
+                        pipe.sadd(self._inflight(record.tenant), record.id)
+                    else:  # bounded by the bulk queue's bound, not the tenant's limit
                         counts = backfill_key(self.prefix, ref.id, "counts")
                         pipe.sadd(backfill_key(self.prefix, ref.id, "inflight"), record.id)
                         pipe.hincrby(counts, "created", 1)
