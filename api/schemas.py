@@ -126,6 +126,10 @@ class BackfillPublic(BaseModel):
         description="the latest, newest first; all are in the manifest"
     )
     runs_skipped: int = Field(description="scheduled times that found the last run listing")
+    problem: str | None = Field(
+        description="what keeps the scanner from going on with it now (storage refusing, "
+        "say); it is tried again until this clears"
+    )
 
 
 class BackfillList(BaseModel):

@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 
 import redis
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from celery import Celery
 from celery.schedules import schedule as every
 from kombu import Exchange, Queue
@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 BULK = QUEUES[-1]  # the queue consumed after interactive work: a backfill's jobs wait there
 BACKFILL_QUEUE = "backfills"
 SCHEDULED_TASK = "whisperfleet.backfill.scheduled"
-LOCK_TTL_S = 15.0  # a scanner killed mid-step holds its backfill this long
+LOCK_TTL_S = 15.0  # a scanner killed mid-step holds the scanners' lock this long
 IDLE_S = 0.5  # between steps that found nothing to do
 HARVEST_BATCH = 500  # jobs per manifest part, at most
 PART_EVERY_S = 10.0  # a part holds fewer lines when its first waited this long, or at the end
@@ -92,13 +92,31 @@ def _uri(bucket: str, key: str) -> str:
     return f"s3://{bucket}/{key}"
 
 
+class LockLost(RuntimeError):
+    """Another scanner took over: what this step did is not written."""
+
+
+def _problem(error: Exception) -> str:
+    """A scanner's failure as its backfill shows it."""
+    if isinstance(error, ClientError):
+        code = error.response.get("Error", {}).get("Code", "an error")
+        operation = getattr(error, "operation_name", "a request")
+        return f"storage answered {code} to {operation}; tried again"
+    if isinstance(error, redis.RedisError | BotoCoreError | OSError):
+        return "storage or Redis is not answering; tried again"
+    return "the scanner failed on this backfill; tried again (its log says why)"
+
+
 class Scanner:
     def __init__(self, settings: Settings, client: redis.Redis, storage: Storage, queue: Celery):
         self.settings, self.storage, self.queue = settings, storage, queue
         self.backfills = BackfillStore(client)
         self.jobs = JobStore(client)
         self.redis = client
-        self.token = uuid.uuid4().hex  # this scanner's locks
+        self.token = uuid.uuid4().hex  # this scanner's hold on the scanners' lock
+        self.holding = False
+        self.problems: dict[str, str] = {}  # what each failing backfill shows
+        self.failing: dict[str, str] = {}  # ... and what failed in this step
         self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="scanner")
         self.served: dict[str, float] = {}  # when each backfill last got room (fairness)
         self.waiting: dict[str, float] = {}  # since when each has jobs ended, not harvested
@@ -106,13 +124,16 @@ class Scanner:
     # -- one step
 
     def step(self) -> bool:
-        """Harvest, scan, finish what is done, for every active backfill; whether there was
-        anything to do."""
+        """Harvest, scan, finish what is done, for every active backfill, if this scanner
+        holds the scanners' lock (the others wait, ready to take over); whether there was
+        anything to do. A backfill that fails (its bucket gone, say) is reported on it and
+        tried again next step; the others go on."""
+        if not self._hold():
+            return False
         records = [r for r in map(self.backfills.get, self.backfills.active_ids()) if r]
         busy = False
         for record in records:
-            if self._hold(record.id):
-                busy |= self.harvest(record)
+            busy |= bool(self._guard(record, self.harvest, record))
         room = self.settings.backfill_queue_bound - self.redis.llen(BULK)
         scanning = [
             r for r in records if r.state == "active" and (r.run.scanned_at is None or r.retrying)
@@ -122,24 +143,60 @@ class Scanner:
             share = -(-room // (len(scanning) - i))  # the rest, shared by those left
             if share <= 0:
                 break
-            if not self._hold(record.id):
-                continue
             self.served[record.id] = time.monotonic()
-            made, walked = self.retry_some(record, share) if record.retrying else (0, 0)
-            if not record.retrying:
-                made, walked = self.scan(record, share)
+            work = self.retry_some if record.retrying else self.scan
+            made, walked = self._guard(record, work, record, share) or (0, 0)
             room -= made
             busy |= walked > 0
         for record in records:
-            if self._hold(record.id):
-                if record.state == "cancelled":  # a page made as it was cancelled
-                    retention = self.settings.cancelled_retention_s
-                    drop_queued(self.backfills, self.jobs, record.id, retention)
-                self._finish(record.id)
+            if record.state == "cancelled":  # a page made as it was cancelled
+                retention = self.settings.cancelled_retention_s
+                self._guard(record, drop_queued, self.backfills, self.jobs, record.id, retention)
+            self._guard(record, self._finish, record.id)
+        self._show_problems()
         return busy
 
-    def _hold(self, backfill_id: str) -> bool:
-        return self.backfills.lock(backfill_id, self.token, LOCK_TTL_S)
+    def _hold(self) -> bool:
+        """Take or keep the scanners' lock; taking it, learn what the backfills show (an
+        earlier scanner's problems, cleared once their work goes through)."""
+        held, self.holding = self.holding, self.backfills.lock(self.token, LOCK_TTL_S)
+        if self.holding and not held:
+            self.problems = self.backfills.problems(self.backfills.active_ids())
+        return self.holding
+
+    def keep(self, stop: threading.Event) -> None:
+        """Renew the lock while a step runs long (a slow store, a large page)."""
+        while not stop.wait(LOCK_TTL_S / 3):
+            if self.holding and not self._hold():
+                log.warning("scanner: the scanners' lock was lost; this step's work is dropped")
+
+    def _still_holding(self) -> None:
+        """Before a step writes what it did: the lock is still this scanner's."""
+        if not self.holding:
+            raise LockLost("the scanners' lock went to another scanner")
+
+    def _guard(self, record: BackfillRecord, work, *args):
+        """`work(*args)` for one backfill; a failure is logged and noted for the backfill to
+        show (`_show_problems`), and never stops the others."""
+        try:
+            return work(*args)
+        except LockLost:
+            raise
+        except Exception as e:
+            problem = _problem(e)
+            if self.problems.get(record.id) != problem:
+                log.warning("backfill %s: %s (%s: %s)", record.id, problem, type(e).__name__, e)
+            self.failing[record.id] = problem
+            return None
+
+    def _show_problems(self) -> None:
+        """Each backfill shows what failed in this step (in words that name no internal
+        address), or nothing once a step went through."""
+        for backfill_id in self.problems.keys() | self.failing.keys():
+            problem = self.failing.get(backfill_id)
+            if self.problems.get(backfill_id) != problem:
+                self.backfills.set_problem(backfill_id, problem)
+        self.problems, self.failing = self.failing, {}
 
     # -- the scan
 
@@ -188,6 +245,7 @@ class Scanner:
                 update["scanned_at"] = datetime.now(UTC)
             return r.model_copy(update={"run": r.run.model_copy(update=update)})
 
+        self._still_holding()
         self.backfills.update(record.id, advance)
         if finished:
             log.info("backfill %s: run %d listed to its end", record.id, run.number)
@@ -243,10 +301,11 @@ class Scanner:
     # -- retry
 
     def retry_some(self, record: BackfillRecord, share: int) -> tuple[int, int]:
-        """Run again up to `share` of the backfill's failed jobs, each as a new job; once none
-        is left, the backfill stops retrying."""
-        failed = self.backfills.key(record.id, "failed")
-        _, entries = self.redis.hscan(failed, 0, count=share)
+        """Run again up to `share` of the failed jobs `retry` listed (`BackfillStore.retry`),
+        each as a new job; once none is left, the backfill stops retrying. A retried job that
+        fails again waits for the next `retry`."""
+        retry = self.backfills.key(record.id, "retry")
+        _, entries = self.redis.hscan(retry, 0, count=share)
         entries = list(entries.items())[:share]
         if not entries:
             self.backfills.update(record.id, lambda r: r.model_copy(update={"retrying": False}))
@@ -278,17 +337,18 @@ class Scanner:
         return made, len(entries)
 
     def _forget_failure(self, backfill_id: str, job_id: str, code: str) -> None:
-        """The failed job was retried: it leaves `failed` (counted once, whoever gets here)."""
-        failed = self.backfills.key(backfill_id, "failed")
+        """The failed job was retried: it leaves the retry list (counted once, whoever gets
+        here)."""
+        retry = self.backfills.key(backfill_id, "retry")
         counts = self.backfills.key(backfill_id, "counts")
         with self.redis.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(failed)
-                    if not pipe.hexists(failed, job_id):
+                    pipe.watch(retry)
+                    if not pipe.hexists(retry, job_id):
                         return
                     pipe.multi()
-                    pipe.hdel(failed, job_id)
+                    pipe.hdel(retry, job_id)
                     pipe.hincrby(counts, "failed", -1)
                     pipe.hincrby(counts, f"failed:{code}", -1)
                     pipe.hincrby(counts, "retried", 1)
@@ -319,8 +379,9 @@ class Scanner:
         bucket, prefix = split_prefix(record.output)
         body = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
         self.storage.put(
-            f"{prefix}_manifest/{part:06d}.jsonl", body.encode(), "application/x-ndjson", bucket
+            f"{prefix}_manifest/{part:09d}.jsonl", body.encode(), "application/x-ndjson", bucket
         )
+        self._still_holding()
         with self.redis.pipeline() as pipe:
             pipe.ltrim(ended, len(ids), -1)
             pipe.hincrby(counts, "manifest_parts", 1)
@@ -466,8 +527,8 @@ def create_backfill_app(settings: Settings) -> Celery:
         beat_scheduler="redbeat.RedBeatScheduler",
         beat_max_loop_interval=5,  # a beat that takes over sees new entries this soon
         redbeat_redis_url=settings.redis_url,
-        redbeat_key_prefix="whisperfleet:redbeat",
-        redbeat_lock_key="whisperfleet:redbeat::lock",
+        redbeat_key_prefix="whisperfleet:redbeat:",  # entries: <prefix><name>, no separator
+        redbeat_lock_key="whisperfleet:redbeat:lock",
         redbeat_lock_timeout=30,  # a beat killed holding the lock is replaced after this
     )
     return app
@@ -491,7 +552,7 @@ def schedule(celery_app: Celery, record: BackfillRecord) -> None:
 def unschedule(celery_app: Celery, backfill_id: str) -> None:
     from redbeat import RedBeatSchedulerEntry
 
-    key = f"{celery_app.conf.redbeat_key_prefix}:backfill:{backfill_id}"
+    key = f"{celery_app.conf.redbeat_key_prefix}backfill:{backfill_id}"
     try:
         RedBeatSchedulerEntry.from_key(key, app=celery_app).delete()
     except KeyError:  # it had none
@@ -512,7 +573,9 @@ def scheduled(backfill_id: str) -> None:
 
 
 def pump(scanner: Scanner, stop: threading.Event) -> None:
-    """Step until stopped: at once again after a step that did something."""
+    """Step until stopped: at once again after a step that did something; the lock renewed
+    beside the steps."""
+    threading.Thread(target=scanner.keep, args=(stop,), name="lock", daemon=True).start()
     while not stop.is_set():
         try:
             busy = scanner.step()

@@ -95,6 +95,7 @@ def public(backfills: BackfillStore, record: BackfillRecord) -> BackfillPublic:
         failed_by_code={k: v for k, v in counts.failed_by_code.items() if v > 0},
         failures=backfills.failures(record.id),
         runs_skipped=record.runs_skipped,
+        problem=counts.problem,
     )
 
 
@@ -151,23 +152,42 @@ def _create(spec, request, tenant, tenants, backfills, storage, settings) -> Bac
             "to finish, or cancel one",
             {"Retry-After": "60"},
         )
-    for uri in filter(None, (spec.source, spec.output)):
-        bucket, prefix = split_prefix(uri)
-        try:
-            storage.listing(bucket, prefix, None, 1)
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in MISSING:
-                raise ApiError(
-                    422, "source_not_found", f"{uri}: no such bucket, or not readable"
-                ) from e
-            raise
     backfill_id = new_backfill_id()
     output = spec.output or f"s3://{settings.s3_bucket}/backfills/{tenant}/{backfill_id}/"
+    if output.startswith(spec.source) or spec.source.startswith(output):
+        raise ApiError(
+            422,
+            "invalid_option",
+            "output and source overlap: the outputs would be listed as the archive's objects",
+        )
+    bucket, prefix = split_prefix(spec.source)
+    _storage_call(storage.listing, "source_not_found", spec.source, bucket, prefix, None, 1)
+    # the manifest's empty first part: the output is writable before anything is made
+    bucket, prefix = split_prefix(output)
+    first = f"{prefix}_manifest/{0:09d}.jsonl"
+    _storage_call(
+        storage.put, "output_not_found", output, first, b"", "application/x-ndjson", bucket
+    )
     record = BackfillRecord(id=backfill_id, tenant=tenant, spec=spec, output=output)
-    backfills.create(record)
     if spec.schedule:
         schedule(request.app.state.backfill_celery, record)
+    try:
+        backfills.create(record)
+    except BaseException:
+        if spec.schedule:
+            unschedule(request.app.state.backfill_celery, record.id)
+        raise
     return record
+
+
+def _storage_call(call, code: str, uri: str, *args):
+    """A check of a bucket the tenant named: missing or refused is the tenant's 422."""
+    try:
+        return call(*args)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in MISSING:
+            raise ApiError(422, code, f"{uri}: no such bucket, or not allowed") from e
+        raise
 
 
 @router.get("", response_model=BackfillList, responses=ERRORS)
@@ -252,6 +272,8 @@ async def cancel_backfill(
 def retry_backfill(record: OwnedBackfillDep, backfills: BackfillsDep) -> BackfillPublic:
     """Run the backfill's failed objects again, each as a new job (at the scanner's pace);
     a done backfill becomes active until they end."""
+    if record.state == "cancelled":
+        raise ApiError(409, "backfill_cancelled", "a cancelled backfill is not retried")
 
     def retry(r: BackfillRecord) -> BackfillRecord:
         if r.state == "cancelled":
@@ -259,7 +281,7 @@ def retry_backfill(record: OwnedBackfillDep, backfills: BackfillsDep) -> Backfil
         return r.model_copy(update={"retrying": True, "state": "active", "finished_at": None})
 
     try:
-        record = backfills.update(record.id, retry)
+        record = backfills.retry(record.id, retry)
     except BackfillError as e:
         raise ApiError(409, "backfill_cancelled", "a cancelled backfill is not retried") from e
     return public(backfills, record)

@@ -12,13 +12,13 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-import worker.scanner as scanner_module
 from api.main import create_app
 from worker.app import create_app as create_job_app
 from worker.contract.backfills import (
     BackfillCreate,
     BackfillRecord,
     BackfillStore,
+    Run,
     object_job_id,
     parse_schedule,
 )
@@ -27,16 +27,26 @@ from worker.contract.jobs import JobError, JobStatus, JobStore, Progress, Transi
 from worker.contract.options import JobOptions
 from worker.contract.results import TranscriptResult, TranscriptSegment
 from worker.contract.tenants import Limits
-from worker.scanner import BULK, Scanner, drop_queued, start_run
+from worker.scanner import (
+    BULK,
+    LockLost,
+    Scanner,
+    create_backfill_app,
+    drop_queued,
+    schedule,
+    start_run,
+    unschedule,
+)
 from worker.storage import Storage
 
 ARCHIVE = "archive-bf"
+LOCK = "whisperfleet:backfills:scanner"
 
 
 @pytest.fixture
 def world(settings, clips):
     """The scanner's world: settings whose tenant may read the archive bucket, storage with
-    that bucket, and a scanner (its locks lapse at once, so a 'restarted' one goes on)."""
+    that bucket, and scanners (each new one finds the scanners' lock free: the last is gone)."""
     sources = [f"s3://{ARCHIVE}/", "s3://missing-bf/"]  # the second bucket does not exist
     settings = settings.model_copy(update={"tenant_sources": sources})
     storage = Storage(settings)
@@ -58,6 +68,7 @@ class World:
         self.queue = create_job_app(settings)
 
     def scanner(self, **changes) -> Scanner:
+        self.store.redis.delete(LOCK)
         settings = self.settings.model_copy(update=changes)
         return Scanner(settings, self.store.redis, self.storage, self.queue)
 
@@ -215,31 +226,76 @@ def test_a_scan_that_dies_mid_page_goes_on_without_making_a_job_twice(world, mon
     for i in range(20):
         world.put(f"crash/{i:02d}.flac", world.audio)
     record = world.backfill("crash/")
-    dying = world.scanner()
+    scanner = world.scanner()
     real_head, calls = Storage.head, []
 
     def head(self, *args, **kwargs):
         calls.append(1)
         if len(calls) > 7:
-            raise ConnectionError("killed")
+            raise ConnectionError("storage went away")
         return real_head(self, *args, **kwargs)
 
     monkeypatch.setattr(Storage, "head", head)
-    with pytest.raises(ConnectionError):
-        dying.step()
+    scanner.step()
     made = len(world.jobs_of(record.id))
     assert 1 <= made < 20
     assert world.backfills.get(record.id).run.cursor is None  # the page is not done
+    problem = world.backfills.counts(world.backfills.get(record.id)).problem
+    assert problem == "storage or Redis is not answering; tried again"
     monkeypatch.setattr(Storage, "head", real_head)
-    monkeypatch.setattr(scanner_module, "LOCK_TTL_S", 0.2)
-    world.store.redis.delete(world.backfills.key(record.id, "lock"))  # lapsed
-    world.until_listed(world.scanner(), record.id)
+    world.until_listed(world.scanner(), record.id)  # another scanner, as after a kill
     jobs = world.jobs_of(record.id)
     assert len(jobs) == 20 and len({j.source for j in jobs}) == 20
     run = world.backfills.get(record.id).run
     assert (run.listed, run.skipped) == (20, 0)  # the repeated page is counted once
-    assert world.backfills.counts(world.backfills.get(record.id)).created == 20
+    counts = world.backfills.counts(world.backfills.get(record.id))
+    assert counts.created == 20 and counts.problem is None
     assert world.store.redis.llen(BULK) == 20
+
+
+def test_one_scanner_works_at_a_time_and_a_lost_lock_writes_nothing(world, monkeypatch):
+    for i in range(3):
+        world.put(f"lock/{i}.flac", world.audio)
+    record = world.backfill("lock/")
+    first = world.scanner()
+    assert first.step()
+    second = Scanner(world.settings, world.store.redis, world.storage, world.queue)
+    assert not second.step()  # it waits, ready
+    world.put("lock/3.flac", world.audio)
+    world.backfills.update(
+        record.id, lambda r: r.model_copy(update={"run": Run(number=2)})
+    )  # a new run, so that there is a page to write
+    real_listing = Storage.listing
+
+    def listing(self, *args, **kwargs):  # the lock lapses while the page is read
+        world.store.redis.set(LOCK, "someone else")
+        first.holding = False
+        return real_listing(self, *args, **kwargs)
+
+    monkeypatch.setattr(Storage, "listing", listing)
+    with pytest.raises(LockLost):
+        first.step()
+    assert world.backfills.get(record.id).run.cursor is None  # nothing written
+
+
+def test_a_failing_backfill_shows_why_and_holds_up_no_other(world):
+    world.put("fine/0.flac", world.audio)
+    world.storage.client.create_bucket(Bucket="doomed-bf")
+    world.storage.client.put_object(Bucket="doomed-bf", Key="x/0.flac", Body=world.audio)
+    doomed = world.backfill("fine/")
+    world.backfills.update(
+        doomed.id,
+        lambda r: r.model_copy(
+            update={"spec": r.spec.model_copy(update={"source": "s3://doomed-bf/x/"})}
+        ),
+    )
+    world.storage.client.delete_object(Bucket="doomed-bf", Key="x/0.flac")
+    world.storage.client.delete_bucket(Bucket="doomed-bf")
+    fine = world.backfill("fine/", language="en")  # other options: jobs of its own
+    world.until_listed(world.scanner(), fine.id)
+    assert len(world.jobs_of(fine.id)) == 1
+    shown = world.backfills.counts(world.backfills.get(doomed.id)).problem
+    assert shown == "storage answered NoSuchBucket to ListObjectsV2; tried again"
 
 
 def test_the_bulk_queue_stays_under_its_bound_and_a_late_small_backfill_gets_its_share(world):
@@ -312,10 +368,11 @@ def test_retry_runs_failed_objects_again_once(world):
     scanner.step()
     assert world.backfills.get(record.id).state == "done"
 
+    def retry(r):
+        return r.model_copy(update={"retrying": True, "state": "active"})
+
     for _ in range(2):  # asked twice: each failed object still gets one new job
-        world.backfills.update(
-            record.id, lambda r: r.model_copy(update={"retrying": True, "state": "active"})
-        )
+        world.backfills.retry(record.id, retry)
         for _ in range(3):
             scanner.step()
     jobs = world.jobs_of(record.id)
@@ -324,6 +381,14 @@ def test_retry_runs_failed_objects_again_once(world):
     counts = world.backfills.counts(world.backfills.get(record.id))
     assert (counts.failed, counts.retried, counts.in_flight) == (0, 3, 3)
     assert not world.backfills.get(record.id).retrying
+
+    for job in [j for j in jobs if j.status == "queued"]:  # they fail again: no loop
+        world.end(job, JobStatus.failed)
+    for _ in range(3):
+        scanner.step()
+    assert len(world.jobs_of(record.id)) == 6
+    record = world.backfills.get(record.id)
+    assert record.state == "done" and world.backfills.counts(record).failed == 3
 
 
 def test_cancel_drops_queued_jobs_and_lets_running_ones_finish(world):
@@ -361,6 +426,19 @@ def test_a_scheduled_time_begins_one_run(world):
     )
     run = start_run(world.backfills, record.id).run
     assert (run.number, run.cursor, run.scanned_at) == (2, None, None)
+
+
+def test_a_schedule_is_entered_for_beat_and_taken_out_on_cancel(world):
+    world.put("beat/0.flac", world.audio)
+    record = world.backfill("beat/", schedule="@nightly")
+    app = create_backfill_app(world.settings)
+    schedule(app, record)
+    key = f"whisperfleet:redbeat:backfill:{record.id}"
+    assert world.store.redis.exists(key)
+    assert world.store.redis.zscore("whisperfleet:redbeat::schedule", key) is not None
+    unschedule(app, record.id)
+    assert not world.store.redis.exists(key)
+    assert world.store.redis.zscore("whisperfleet:redbeat::schedule", key) is None
 
 
 # -- the routes
@@ -406,6 +484,12 @@ def test_the_routes_start_follow_list_cancel_and_retry(client, world):
         ),
         ({"source": "http://x/y"}, 422, "invalid_request"),
         ({"source": "s3://missing-bf/a/"}, 422, "source_not_found"),
+        ({"source": f"s3://{ARCHIVE}/a/", "output": "s3://missing-bf/o/"}, 422, "output_not_found"),
+        (
+            {"source": f"s3://{ARCHIVE}/a/", "output": f"s3://{ARCHIVE}/a/out/"},
+            422,
+            "invalid_option",
+        ),
         ({"source": f"s3://{ARCHIVE}/a/", "schedule": "@every 1s"}, 422, "invalid_request"),
         ({"source": f"s3://{ARCHIVE}/a/", "model": "large-v9"}, 422, "unknown_model"),
         ({"source": f"s3://{ARCHIVE}/a/", "language": "de"}, 422, "invalid_option"),

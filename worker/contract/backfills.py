@@ -302,15 +302,17 @@ class Counts:
     run_audio_s: float
     run_last_end: float | None
     failed_by_code: dict[str, int]
+    problem: str | None
 
 
 class BackfillStore:
     """Backfill records under `<prefix>:backfill:<id>`; beside each (`backfill_key`): `counts`
     (a hash the job store moves as its jobs are made and end), `inflight` (its jobs not yet
     ended), `ended` (jobs ended and not yet written to the manifest, in order), `failed`
-    (failed job id -> source, what `retry` runs again), `failures` (the latest, with reasons)
-    and `lock` (the scanner working on it). `<prefix>:backfills:active` holds the backfills the
-    scanner looks after; `<prefix>:tenant:<t>:backfills` a tenant's, by creation."""
+    (failed job id -> source), `retry` (failed jobs `retry` listed for the scanner to run
+    again) and `failures` (the latest, with reasons). `<prefix>:backfills:active` holds the
+    backfills the scanner looks after, `<prefix>:backfills:scanner` the scanners' lock,
+    `<prefix>:tenant:<t>:backfills` a tenant's backfills by creation."""
 
     def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
         self.redis, self.prefix = client, prefix
@@ -404,6 +406,7 @@ class BackfillStore:
             failed_by_code={
                 k.removeprefix("failed:"): int(v) for k, v in c.items() if k.startswith("failed:")
             },
+            problem=c.get("problem"),
         )
 
     def failures(self, backfill_id: str) -> list[dict]:
@@ -414,30 +417,51 @@ class BackfillStore:
     def in_flight(self, backfill_id: str) -> list[str]:
         return sorted(m.decode() for m in self.redis.smembers(self.key(backfill_id, "inflight")))
 
-    # the scanner's lock on one backfill: one scanner at a time works on it
+    def set_problem(self, backfill_id: str, problem: str | None) -> None:
+        """What keeps the scanner from going on with the backfill (None: nothing now)."""
+        counts = self.key(backfill_id, "counts")
+        if problem is None:
+            self.redis.hdel(counts, "problem")
+        else:
+            self.redis.hset(counts, "problem", problem)
 
-    def lock(self, backfill_id: str, token: str, ttl_s: float) -> bool:
-        """Take (or, held by `token`, renew) the backfill's lock for `ttl_s`."""
-        key = self.key(backfill_id, "lock")
+    def problems(self, backfill_ids: list[str]) -> dict[str, str]:
+        """The problems these backfills show, by id."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for backfill_id in backfill_ids:
+                pipe.hget(self.key(backfill_id, "counts"), "problem")
+            shown = pipe.execute()
+        return {b: p.decode() for b, p in zip(backfill_ids, shown, strict=True) if p}
+
+    def retry(self, backfill_id: str, change: Callable[[BackfillRecord], BackfillRecord]):
+        """List the backfill's failed jobs for the scanner to run again (moved from `failed`
+        to `retry`, where the scanner takes them: one that fails again waits for the next
+        call), and apply `change` to its record."""
+        self._move_all(keys=[self.key(backfill_id, "failed"), self.key(backfill_id, "retry")])
+        return self.update(backfill_id, change)
+
+    @property
+    def _move_all(self):
+        return self.redis.register_script(
+            "local all = redis.call('hgetall', KEYS[1]) "
+            "for i = 1, #all, 2 do redis.call('hset', KEYS[2], all[i], all[i + 1]) end "
+            "redis.call('del', KEYS[1]) return #all / 2"
+        )
+
+    # the scanners' lock: one scanner works at a time, the others wait to take over
+
+    def lock(self, token: str, ttl_s: float) -> bool:
+        """Take (or, held by `token`, renew) the scanners' lock for `ttl_s`."""
+        key = f"{self.prefix}:backfills:scanner"
         if self.redis.set(key, token, nx=True, px=int(ttl_s * 1000)):
             return True
         return bool(self._renew(keys=[key], args=[token, int(ttl_s * 1000)]))
-
-    def unlock(self, backfill_id: str, token: str) -> None:
-        self._release(keys=[self.key(backfill_id, "lock")], args=[token])
 
     @property
     def _renew(self):
         return self.redis.register_script(
             "if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
-        )
-
-    @property
-    def _release(self):
-        return self.redis.register_script(
-            "if redis.call('get', KEYS[1]) == ARGV[1] then "
-            "return redis.call('del', KEYS[1]) else return 0 end"
         )
 
 
