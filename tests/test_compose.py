@@ -8,7 +8,7 @@ import yaml
 from worker.contract.settings import Settings
 
 SERVICES = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())["services"]
-WHISPERFLEET = ("api", "webhooks", "worker", "worker-cpu")
+WHISPERFLEET = ("api", "webhooks", "scanner", "beat", "worker", "worker-cpu")
 
 
 def test_every_service_is_restarted_when_it_dies():
@@ -54,3 +54,15 @@ def test_webhooks_are_posted_by_their_own_light_service():
     webhooks = SERVICES["webhooks"]
     assert webhooks["command"] == ["whisperfleet", "webhooks"]
     assert webhooks["build"]["target"] == "api" and "deploy" not in webhooks
+
+
+def test_backfills_run_in_their_own_light_services_with_the_shared_settings():
+    """The scanner and beat exist, run from the API's image (no torch, no GPU), and get the
+    settings every whisperfleet service gets (the `x-settings` block), as the webhooks do."""
+    for name in ("scanner", "beat"):
+        service = SERVICES[name]
+        assert service["command"] == ["whisperfleet", name]
+        assert service["build"]["target"] == "api" and "deploy" not in service
+        assert service["environment"] == SERVICES["webhooks"]["environment"]
+        assert "redis" in service["depends_on"]
+    assert "storage" in SERVICES["scanner"]["depends_on"]  # it lists and writes objects
