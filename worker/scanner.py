@@ -5,8 +5,10 @@ under the backfill's output prefix.
 `whisperfleet scanner` (`run`) is a Celery worker of its own on the `backfills` queue, where
 `whisperfleet beat` (Celery beat with celery-redbeat's scheduler: one beat at a time holds its
 lock in Redis) sends each backfill's scheduled runs; beside it a pump thread does the work, a
-step at a time (`Scanner.step`). Everything a step needs is in Redis, so a scanner killed at any
-point is replaced by the next one (or itself, restarted) once its lock on the backfill lapses:
+step at a time (`Scanner.step`). One scanner works at a time: it holds the scanners' lock in
+Redis, renewed beside long steps, and the others wait to take over. Everything a step needs is
+in Redis, so a scanner killed at any point is replaced by the next one (or itself, restarted)
+once the lock lapses:
 
 - The scan. A page of the listing after the run's cursor: keys the patterns leave out are
   counted, each other object's job id is derived (`object_job_id`) and looked up; an object
@@ -21,8 +23,9 @@ point is replaced by the next one (or itself, restarted) once its lock on the ba
 - The harvest. Jobs that ended (the job store lists them in `ended`, in the transaction that
   ends them) get their rendered copies under the output prefix (`a/b/c.flac` ->
   `<out>/a/b/c.flac.json`, `.srt`, ...) and a line each in the manifest, written as numbered
-  parts (`<out>/_manifest/000001.jsonl`, ...); the list is trimmed after its part is written,
-  and a part written again after a crash holds the same lines and more.
+  parts (`<out>/_manifest/000000001.jsonl`, ...; the API wrote the empty part 0 at the start);
+  the list is trimmed after its part is written, and a part written again after a crash holds
+  the same lines and more.
 """
 
 from __future__ import annotations
@@ -115,8 +118,11 @@ class Scanner:
         self.redis = client
         self.token = uuid.uuid4().hex  # this scanner's hold on the scanners' lock
         self.holding = False
-        self.problems: dict[str, str] = {}  # what each failing backfill shows
-        self.failing: dict[str, str] = {}  # ... and what failed in this step
+        # what each failing backfill shows: (the work that failed, in words); what failed in
+        # this step, and what went through (backfill, work)
+        self.problems: dict[str, tuple[str, str]] = {}
+        self.failing: dict[str, tuple[str, str]] = {}
+        self.went_through: set[tuple[str, str]] = set()
         self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="scanner")
         self.served: dict[str, float] = {}  # when each backfill last got room (fairness)
         self.waiting: dict[str, float] = {}  # since when each has jobs ended, not harvested
@@ -134,20 +140,18 @@ class Scanner:
         busy = False
         for record in records:
             busy |= bool(self._guard(record, self.harvest, record))
-        room = self.settings.backfill_queue_bound - self.redis.llen(BULK)
         scanning = [
             r for r in records if r.state == "active" and (r.run.scanned_at is None or r.retrying)
         ]
         scanning.sort(key=lambda r: self.served.get(r.id, 0.0))
         for i, record in enumerate(scanning):
-            share = -(-room // (len(scanning) - i))  # the rest, shared by those left
+            room = self.settings.backfill_queue_bound - self.redis.llen(BULK)
+            share = -(-room // (len(scanning) - i))  # the room left, shared by those left
             if share <= 0:
                 break
             self.served[record.id] = time.monotonic()
             work = self.retry_some if record.retrying else self.scan
-            made, walked = self._guard(record, work, record, share) or (0, 0)
-            room -= made
-            busy |= walked > 0
+            busy |= bool(self._guard(record, work, record, share))
         for record in records:
             if record.state == "cancelled":  # a page made as it was cancelled
                 retention = self.settings.cancelled_retention_s
@@ -167,8 +171,15 @@ class Scanner:
     def keep(self, stop: threading.Event) -> None:
         """Renew the lock while a step runs long (a slow store, a large page)."""
         while not stop.wait(LOCK_TTL_S / 3):
-            if self.holding and not self._hold():
-                log.warning("scanner: the scanners' lock was lost; this step's work is dropped")
+            if not self.holding:
+                continue
+            try:
+                kept = self._hold()
+            except Exception as e:  # Redis away: the lock may lapse; write nothing meanwhile
+                self.holding, kept = False, False
+                log.warning("scanner: the lock was not renewed (%s: %s)", type(e).__name__, e)
+            if not kept:
+                log.warning("scanner: the scanners' lock was lost; this step writes nothing")
 
     def _still_holding(self) -> None:
         """Before a step writes what it did: the lock is still this scanner's."""
@@ -178,31 +189,40 @@ class Scanner:
     def _guard(self, record: BackfillRecord, work, *args):
         """`work(*args)` for one backfill; a failure is logged and noted for the backfill to
         show (`_show_problems`), and never stops the others."""
+        name = work.__name__
         try:
-            return work(*args)
+            done = work(*args)
         except LockLost:
             raise
         except Exception as e:
             problem = _problem(e)
-            if self.problems.get(record.id) != problem:
+            if self.problems.get(record.id, (None, None))[1] != problem:
                 log.warning("backfill %s: %s (%s: %s)", record.id, problem, type(e).__name__, e)
-            self.failing[record.id] = problem
+            self.failing[record.id] = (name, problem)
             return None
+        self.went_through.add((record.id, name))
+        return done
 
     def _show_problems(self) -> None:
-        """Each backfill shows what failed in this step (in words that name no internal
-        address), or nothing once a step went through."""
+        """Each backfill shows what failed (in words that name no internal address) until the
+        work that failed goes through."""
+        shown = {}
         for backfill_id in self.problems.keys() | self.failing.keys():
-            problem = self.failing.get(backfill_id)
-            if self.problems.get(backfill_id) != problem:
-                self.backfills.set_problem(backfill_id, problem)
-        self.problems, self.failing = self.failing, {}
+            before = self.problems.get(backfill_id)
+            now = self.failing.get(backfill_id)
+            if now is None and (backfill_id, before[0]) not in self.went_through:
+                now = before
+            if now != before:
+                self.backfills.set_problem(backfill_id, now)
+            if now is not None:
+                shown[backfill_id] = now
+        self.problems, self.failing, self.went_through = shown, {}, set()
 
     # -- the scan
 
-    def scan(self, record: BackfillRecord, share: int) -> tuple[int, int]:
+    def scan(self, record: BackfillRecord, share: int) -> int:
         """Go on with the run's listing: make at most `share` jobs, then move the cursor past
-        the keys looked at. (jobs made, keys looked at)."""
+        the keys looked at; how many it looked at."""
         bucket, prefix = record.bucket_prefix
         run = record.run
         objects, truncated = self.storage.listing(bucket, prefix, run.cursor)
@@ -228,7 +248,7 @@ class Scanner:
                 new.append((o, job_id))
             elif found[job_id].backfill != ours:
                 skipped += 1  # made before: by an earlier run, another backfill, a retry
-        made = sum(self.pool.map(lambda n: self._make(record, bucket, *n), new))
+        list(self.pool.map(lambda n: self._make(record, bucket, *n), new))
         cursor = objects[walked - 1]["Key"] if walked else run.cursor
         finished = walked == len(objects) and not truncated
 
@@ -249,7 +269,7 @@ class Scanner:
         self.backfills.update(record.id, advance)
         if finished:
             log.info("backfill %s: run %d listed to its end", record.id, run.number)
-        return made, walked
+        return walked
 
     def _make(self, record: BackfillRecord, bucket: str, obj: dict, job_id: str) -> bool:
         """Make the job of one object: queued, or failed at once where its first bytes are
@@ -300,7 +320,7 @@ class Scanner:
 
     # -- retry
 
-    def retry_some(self, record: BackfillRecord, share: int) -> tuple[int, int]:
+    def retry_some(self, record: BackfillRecord, share: int) -> int:
         """Run again up to `share` of the failed jobs `retry` listed (`BackfillStore.retry`),
         each as a new job; once none is left, the backfill stops retrying. A retried job that
         fails again waits for the next `retry`."""
@@ -309,9 +329,8 @@ class Scanner:
         entries = list(entries.items())[:share]
         if not entries:
             self.backfills.update(record.id, lambda r: r.model_copy(update={"retrying": False}))
-            return 0, 0
+            return 0
         old = self.jobs.get_many([k.decode() for k, _ in entries])
-        made = 0
         for (job_id, _), before in zip(entries, old, strict=True):
             job_id = job_id.decode()
             if before is not None:
@@ -331,10 +350,10 @@ class Scanner:
                         "backfill": BackfillRef(id=record.id, run=record.run.number),
                     }
                 )
-                made += self._add(job, None)
+                self._add(job, None)
             code = before.error.code if before and before.error else "unknown"
             self._forget_failure(record.id, job_id, code)
-        return made, len(entries)
+        return len(entries)
 
     def _forget_failure(self, backfill_id: str, job_id: str, code: str) -> None:
         """The failed job was retried: it leaves the retry list (counted once, whoever gets
@@ -569,6 +588,11 @@ def _backfills() -> BackfillStore:
 
 @app.task(name=SCHEDULED_TASK, shared=False)
 def scheduled(backfill_id: str) -> None:
+    if _backfills().get(backfill_id) is None:  # its start failed after the entry was made
+        log.warning("scheduled run of backfill %s, which does not exist: entry removed",
+                    backfill_id)  # fmt: skip
+        unschedule(app, backfill_id)
+        return
     start_run(_backfills(), backfill_id)
 
 

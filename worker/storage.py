@@ -104,8 +104,8 @@ class Storage:
             CopySource={"Bucket": self.bucket, "Key": key}, Bucket=to_bucket, Key=to_key
         )
 
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=key)
+    def delete(self, key: str, bucket: str | None = None) -> None:
+        self.client.delete_object(Bucket=bucket or self.bucket, Key=key)
 
     def listing(
         self, bucket: str, prefix: str, after: str | None, limit: int = 1000

@@ -173,9 +173,10 @@ def _create(spec, request, tenant, tenants, backfills, storage, settings) -> Bac
         schedule(request.app.state.backfill_celery, record)
     try:
         backfills.create(record)
-    except BaseException:
+    except BaseException:  # best effort; an entry left behind is removed when it fires
         if spec.schedule:
             unschedule(request.app.state.backfill_celery, record.id)
+        storage.delete(first, bucket)
         raise
     return record
 

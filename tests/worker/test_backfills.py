@@ -16,6 +16,7 @@ from api.main import create_app
 from worker.app import create_app as create_job_app
 from worker.contract.backfills import (
     BackfillCreate,
+    BackfillError,
     BackfillRecord,
     BackfillStore,
     Run,
@@ -296,6 +297,10 @@ def test_a_failing_backfill_shows_why_and_holds_up_no_other(world):
     assert len(world.jobs_of(fine.id)) == 1
     shown = world.backfills.counts(world.backfills.get(doomed.id)).problem
     assert shown == "storage answered NoSuchBucket to ListObjectsV2; tried again"
+    scanner = world.scanner(backfill_queue_bound=1)  # a full queue: its work is not tried,
+    world.store.redis.rpush(BULK, b"waiting")  # and what it shows stays
+    scanner.step()
+    assert world.backfills.counts(world.backfills.get(doomed.id)).problem == shown
 
 
 def test_the_bulk_queue_stays_under_its_bound_and_a_late_small_backfill_gets_its_share(world):
@@ -381,6 +386,20 @@ def test_retry_runs_failed_objects_again_once(world):
     counts = world.backfills.counts(world.backfills.get(record.id))
     assert (counts.failed, counts.retried, counts.in_flight) == (0, 3, 3)
     assert not world.backfills.get(record.id).retrying
+
+    cancelled = world.backfill("retry/", language="en")
+    world.until_listed(scanner, cancelled.id)
+    for job in world.jobs_of(cancelled.id):
+        world.end(job, JobStatus.failed)
+    world.backfills.update(cancelled.id, lambda r: r.model_copy(update={"state": "cancelled"}))
+
+    def refuse(r):
+        raise BackfillError("cancelled")
+
+    with pytest.raises(BackfillError):  # refused: nothing is listed for a retry
+        world.backfills.retry(cancelled.id, refuse)
+    assert world.store.redis.hlen(world.backfills.key(cancelled.id, "failed")) == 3
+    assert not world.store.redis.exists(world.backfills.key(cancelled.id, "retry"))
 
     for job in [j for j in jobs if j.status == "queued"]:  # they fail again: no loop
         world.end(job, JobStatus.failed)

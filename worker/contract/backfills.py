@@ -417,28 +417,33 @@ class BackfillStore:
     def in_flight(self, backfill_id: str) -> list[str]:
         return sorted(m.decode() for m in self.redis.smembers(self.key(backfill_id, "inflight")))
 
-    def set_problem(self, backfill_id: str, problem: str | None) -> None:
-        """What keeps the scanner from going on with the backfill (None: nothing now)."""
+    def set_problem(self, backfill_id: str, problem: tuple[str, str] | None) -> None:
+        """What keeps the scanner from going on with the backfill: (the work that failed, in
+        words); None: nothing now."""
         counts = self.key(backfill_id, "counts")
         if problem is None:
-            self.redis.hdel(counts, "problem")
+            self.redis.hdel(counts, "problem", "problem_work")
         else:
-            self.redis.hset(counts, "problem", problem)
+            self.redis.hset(counts, mapping={"problem_work": problem[0], "problem": problem[1]})
 
-    def problems(self, backfill_ids: list[str]) -> dict[str, str]:
-        """The problems these backfills show, by id."""
+    def problems(self, backfill_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """The problems these backfills show, by id: (the work that failed, in words)."""
         with self.redis.pipeline(transaction=False) as pipe:
             for backfill_id in backfill_ids:
-                pipe.hget(self.key(backfill_id, "counts"), "problem")
+                pipe.hmget(self.key(backfill_id, "counts"), "problem_work", "problem")
             shown = pipe.execute()
-        return {b: p.decode() for b, p in zip(backfill_ids, shown, strict=True) if p}
+        return {
+            b: (w.decode(), p.decode())
+            for b, (w, p) in zip(backfill_ids, shown, strict=True)
+            if w and p
+        }
 
     def retry(self, backfill_id: str, change: Callable[[BackfillRecord], BackfillRecord]):
         """List the backfill's failed jobs for the scanner to run again (moved from `failed`
         to `retry`, where the scanner takes them: one that fails again waits for the next
-        call), and apply `change` to its record."""
-        self._move_all(keys=[self.key(backfill_id, "failed"), self.key(backfill_id, "retry")])
-        return self.update(backfill_id, change)
+        call), with `change` applied to its record, in one transaction."""
+        keys = [self.key(backfill_id, "failed"), self.key(backfill_id, "retry")]
+        return self.update(backfill_id, change, lambda pipe: self._move_all(keys=keys, client=pipe))
 
     @property
     def _move_all(self):
