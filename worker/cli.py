@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from worker import backfill_cli
 from worker.contract.formats import WRITERS
 from worker.contract.options import JobCreate, Mode, OptionError, Task, values
 from worker.contract.settings import get_settings
@@ -378,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("beat", help="send backfills' scheduled runs (one beat at a time runs)")
     p.set_defaults(func=_beat)
+
+    backfill_cli.add_parser(sub)
 
     p = sub.add_parser("keys", help="API keys: create, list, revoke")
     keys = p.add_subparsers(dest="action", required=True)
