@@ -135,8 +135,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return _body(422, "invalid_request", f"{where}: {first['msg']}")
+        loc = [str(p) for p in first["loc"]]
+        where = ".".join(loc[1:] if loc[:1] == ["body"] else loc) or "the body"
+        message = first["msg"]
+        if first["type"] == "value_error" and "error" in first.get("ctx", {}):
+            message = str(first["ctx"]["error"])  # our validators' words, not pydantic's
+        if not message.startswith(where.rpartition(".")[2]):
+            message = f"{where}: {message}"
+        return _body(422, "invalid_request", message)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException) -> JSONResponse:

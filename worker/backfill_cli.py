@@ -165,7 +165,8 @@ def progress_line(record: dict) -> str:
     run = record["run"]
     over = record["status"] in ("done", "waiting")
     percent = 100 if over else _percent(run["ended"], run["created"])
-    return f"run {run['number']} {percent:3d}%: {figures(record)}"
+    line = f"run {run['number']} {percent:3d}%: {figures(record)}"
+    return f"{line}; {record['problem']}" if record.get("problem") else line
 
 
 def _percent(done: int, total: int) -> int:
@@ -176,6 +177,8 @@ def screen(record: dict, base_url: str) -> str:
     """`status`: the backfill on one screen."""
     spec, run, counts = record["spec"], record["run"], record["counts"]
     rows = [f"backfill {record['id']}: {record['status']}"]
+    if record.get("problem"):
+        rows.append(f"  problem   {record['problem']}")
     rows.append(f"  source    {spec['source']}")
     what = [f"model {spec.get('model') or 'default'}"]
     if spec.get("language"):

@@ -272,8 +272,8 @@ class Scanner:
         return walked
 
     def _make(self, record: BackfillRecord, bucket: str, obj: dict, job_id: str) -> bool:
-        """Make the job of one object: queued, or failed at once where its first bytes are
-        refused. False: it exists already, or the object is gone."""
+        """Make the job of one object (`obj`: its Key and Size): queued, or failed at once
+        where its first bytes are refused. False: it exists already, or the object is gone."""
         key, size = obj["Key"], obj["Size"]
         error, fmt, frames = None, "unknown", None
         kind = Sniffed(None, False).kind  # what a file not recognised is taken for
@@ -322,8 +322,9 @@ class Scanner:
 
     def retry_some(self, record: BackfillRecord, share: int) -> int:
         """Run again up to `share` of the failed jobs `retry` listed (`BackfillStore.retry`),
-        each as a new job; once none is left, the backfill stops retrying. A retried job that
-        fails again waits for the next `retry`."""
+        each as a new job on its object as it is now (inspected again, as the scan does); once
+        none is left, the backfill stops retrying. A retried job that fails again waits for
+        the next `retry`."""
         retry = self.backfills.key(record.id, "retry")
         _, entries = self.redis.hscan(retry, 0, count=share)
         entries = list(entries.items())[:share]
@@ -331,26 +332,17 @@ class Scanner:
             self.backfills.update(record.id, lambda r: r.model_copy(update={"retrying": False}))
             return 0
         old = self.jobs.get_many([k.decode() for k, _ in entries])
-        for (job_id, _), before in zip(entries, old, strict=True):
-            job_id = job_id.decode()
-            if before is not None:
-                job = before.model_copy(
-                    update={
-                        "id": retry_job_id(job_id),
-                        "status": JobStatus.queued,
-                        "created_at": datetime.now(UTC),
-                        "started_at": None,
-                        "finished_at": None,
-                        "attempts": 0,
-                        "quarantined": False,
-                        "quarantine_deaths": 0,
-                        "worker": None,
-                        "error": None,
-                        "progress": before.progress.model_copy(update={"done_s": 0.0}),
-                        "backfill": BackfillRef(id=record.id, run=record.run.number),
-                    }
-                )
-                self._add(job, None)
+        for (job_id, source), before in zip(entries, old, strict=True):
+            job_id, source = job_id.decode(), source.decode()
+            bucket, _, key = source.removeprefix("s3://").partition("/")
+            try:  # the object as it is now, inspected again
+                size, _ = self.storage.head(key, bucket)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in MISSING:
+                    raise
+                log.info("backfill %s: %s is gone; not retried", record.id, source)
+            else:
+                self._make(record, bucket, {"Key": key, "Size": size}, retry_job_id(job_id))
             code = before.error.code if before and before.error else "unknown"
             self._forget_failure(record.id, job_id, code)
         return len(entries)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+import wave
 
 import pytest
 import redis
@@ -48,8 +49,9 @@ def long_wav_header(seconds: int) -> bytes:
 
 
 class Stack:
-    def __init__(self, url: str, keyed_url: str, source: str, env: dict, key: str):
+    def __init__(self, url: str, keyed_url: str, source: str, env: dict, key: str, storage):
         self.url, self.keyed_url, self.source, self.env, self.key = url, keyed_url, source, env, key
+        self.storage = storage
 
     def cli(self, *args: str, url: str | None = None, key: str | None = None, timeout=60):
         env = {k: v for k, v in self.env.items() if k != "WHISPERFLEET_API_KEY"}
@@ -125,7 +127,8 @@ def stack(s3_endpoint, tmp_path_factory):
     try:
         wait_for_port(port, procs["api"])
         wait_for_port(keyed_port, procs["keyed-api"])
-        yield Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{keyed_port}", source, full, key)
+        urls = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{keyed_port}"
+        yield Stack(*urls, source, full, key, storage)
     finally:
         for proc in procs.values():
             stop(proc)
@@ -180,6 +183,16 @@ def test_status_follow_ends_and_shows_the_failures_with_reasons(stack, finished)
     assert record["status"] == "done" and record["counts"]["failed"] == 3
 
 
+def second_of_wav() -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * 16000)
+    return out.getvalue()
+
+
 def test_list_shows_it(stack, finished):
     assert stack.cli("status", finished, "--follow").returncode == 0  # it is done
     listed = stack.cli("list")
@@ -203,6 +216,8 @@ def test_start_follow_retry_detach_and_cancel(stack):
     assert f"backfill {backfill_id}: done" in started.stdout
     assert "invalid_audio 2" in started.stdout
 
+    for key in ("retry/b.flac", "retry/c.wav"):  # the objects fixed: a retry inspects them again
+        stack.storage.client.put_object(Bucket=stack.source, Key=key, Body=second_of_wav())
     retried = stack.cli("retry", backfill_id)
     assert retried.returncode == 0, retried.stderr
     assert "2 failed objects are run again" in retried.stdout
@@ -377,3 +392,22 @@ def test_the_status_screen_without_failures_says_nothing_of_them():
     assert text.splitlines()[0] == f"backfill {full['id']}: done"
     assert "created   2026-01-02 03:04:05 UTC" in text
     assert "failure" not in text and "retry" not in text
+
+
+def test_a_backfill_held_up_says_why():
+    problem = "storage answered NoSuchBucket to ListObjectsV2; tried again"
+    assert progress_line({**record("scanning"), "problem": problem}).endswith(f"; {problem}")
+    full = {
+        **record("scanning", ended=0, created=0, failed=0),
+        "problem": problem,
+        "spec": {"source": "s3://gone/p/", "model": "tiny.en", "formats": ["json"]},
+        "output": "s3://svc/out/",
+        "created_at": "2026-01-02T03:04:05Z",
+        "finished_at": None,
+        "counts": {
+            k: 0 for k in ("created", "in_flight", "succeeded", "failed", "cancelled", "retried")
+        },
+    }
+    started = {"started_at": "2026-01-02T03:04:05Z", "scanned_at": None}
+    full["run"] = {**full["run"], **started, "listed": 0, "excluded": 0, "skipped": 0}
+    assert screen(full, "http://api").splitlines()[1] == f"  problem   {problem}"

@@ -441,9 +441,15 @@ class BackfillStore:
     def retry(self, backfill_id: str, change: Callable[[BackfillRecord], BackfillRecord]):
         """List the backfill's failed jobs for the scanner to run again (moved from `failed`
         to `retry`, where the scanner takes them: one that fails again waits for the next
-        call), with `change` applied to its record, in one transaction."""
+        call; the latest failures shown go with them), with `change` applied to its record,
+        in one transaction."""
         keys = [self.key(backfill_id, "failed"), self.key(backfill_id, "retry")]
-        return self.update(backfill_id, change, lambda pipe: self._move_all(keys=keys, client=pipe))
+
+        def also(pipe) -> None:
+            self._move_all(keys=keys, client=pipe)
+            pipe.delete(self.key(backfill_id, "failures"))  # all of them are retried
+
+        return self.update(backfill_id, change, also)
 
     @property
     def _move_all(self):

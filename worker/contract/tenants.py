@@ -61,6 +61,8 @@ def _short(text: str) -> str:
 def check_source_prefix(uri: str) -> str:
     """An allowed source as configured: `s3://bucket/` (the whole bucket) or
     `s3://bucket/prefix/`."""
+    if not uri.startswith("s3://"):
+        raise TenantError(f"{_short(uri)}: expected s3://bucket/ or s3://bucket/prefix/")
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     parse_source(f"s3://{bucket}/{prefix or 'x'}")
     return f"s3://{bucket}/{prefix}"
