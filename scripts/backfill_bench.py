@@ -1,0 +1,748 @@
+"""Backfills on a fleet of their own: what a running backfill costs interactive jobs, and what
+the scanner costs to walk a large listing.
+
+    python scripts/backfill_bench.py latency [--jobs 40] [--interval 2] [--backfill-files 400]
+        [--workers 1] [--concurrency 8] [--warmup-jobs 0] [--device cpu] [--audio-dir DIR]
+    python scripts/backfill_bench.py scan [--keys 100000] [--bound 1000] [--stall-s 30]
+        [--variants listing,malformed,bound] [--plot docs/bench/backfill-scan.png]
+    (either: [--redis-url redis://127.0.0.1:6379/8 | --redis-server redis-server])
+
+Both start their own stack and stop all of it at the end (also on Ctrl-C or an error): moto's
+S3 server on a free port, `whisperfleet api`, `whisperfleet worker` processes (latency only)
+and `whisperfleet scanner`, each in a process group of its own. Redis: `--redis-url` (default
+db 8 of the local Redis, emptied at the end; a db that holds keys is refused unless `--flush`),
+or `--redis-server PATH` starts a redis-server on a free port (Redis's `used_memory` is the
+whole instance's: on a shared Redis it also moves with whatever else uses it).
+
+latency: short real clips (`--audio-dir`, its manifest.jsonl; clips up to `--max-clip-s`)
+submitted through `POST /v1/jobs`, one every `--interval` s, `--jobs` of them; latency is
+submit to the job's `finished_at` (read with `GET /v1/jobs/{id}`), "until started" submit to
+its `started_at` (waiting for a worker's job slot). First on an idle fleet, then while a
+backfill (`POST /v1/backfills`) of `--backfill-files` copies of the same clips under
+`s3://bench-archive/calls/` runs on the same workers; its files/s and audio s/s are the deltas
+of `GET /v1/backfills/{id}` over the second phase. The backfill is cancelled at the end.
+Why: a backfill's jobs wait in `bulk`, behind interactive work, but they hold the workers'
+job slots and share the engine's batches; this measures what that costs.
+
+scan: `--keys` small objects (a few bytes to 364 bytes each) under `s3://bench-archive/scan/`,
+put through a thread pool: half `.txt`, 40% `.flac` that are not audio, 10% valid tiny WAV.
+No worker runs. Three backfills, each with a fresh scanner process and an emptied db:
+  listing    extensions ["mp3"]: every key is left out by the patterns (the listing alone);
+  malformed  extensions ["flac"]: 40% of the keys become jobs, failed at scan (records made,
+             harvested into the manifest);
+  bound      extensions ["wav"] with WHISPERFLEET_BACKFILL_QUEUE_BOUND=`--bound`: jobs queue
+             in `bulk` until the bound, then the scan stalls (nothing drains it); watched for
+             `--stall-s`, then cancelled.
+Sampled every 0.5 s: the scanner's resident memory (psutil, process and children; its peak
+every 0.1 s), Redis `used_memory`, `LLEN bulk`, and the backfill's counts through the API;
+the CPU seconds of the scanner, moto and (one started here) redis-server over the variant.
+Why: the scanner must hold memory flat however many keys it walks, and must stop making jobs
+at the bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import wave
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import boto3
+import httpx
+import psutil
+import redis
+from botocore.config import Config
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from worker.contract.jobs import QUEUES  # noqa: E402
+
+BULK = QUEUES[-1]
+JOB_BUCKET = "bench-jobs"
+ARCHIVE = "bench-archive"
+MB = 2**20
+VARIANTS = {  # name: the backfill's extensions ("bound" also sets the queue bound)
+    "listing": ["mp3"],
+    "malformed": ["flac"],
+    "bound": ["wav"],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _own_group() -> None:
+    """In the child before exec: a process group of its own (stopped as a whole), and a
+    SIGTERM when this script dies, however it dies."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Stack:
+    """The processes this script started, stopped in reverse order (SIGTERM to the group,
+    SIGKILL after `grace` s)."""
+
+    def __init__(self, args: argparse.Namespace, log_dir: Path):
+        self.args, self.log_dir = args, log_dir
+        self.procs: list[tuple[str, subprocess.Popen, float]] = []
+        self.owned_db = False
+        self.redis_url = args.redis_url
+        self.s3_port = free_port()
+        self.env = {
+            **os.environ,
+            "WHISPERFLEET_S3_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}",
+            "WHISPERFLEET_S3_BUCKET": JOB_BUCKET,
+            "WHISPERFLEET_AUTH": "none",
+            "WHISPERFLEET_TENANT_SOURCES": f"s3://{ARCHIVE}/",
+            "WHISPERFLEET_METRICS_PORT": "0",
+            "WHISPERFLEET_DEVICE": args.device,
+            "WHISPERFLEET_MODELS": args.model,
+            "WHISPERFLEET_DEFAULT_MODEL": args.model,
+        }
+
+    # -- processes
+
+    def start(self, name: str, argv: list[str], env: dict | None = None, grace: float = 15.0):
+        log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            argv, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, preexec_fn=_own_group, cwd=ROOT,
+        )  # fmt: skip
+        log.close()
+        self.procs.append((name, proc, grace))
+        return proc
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        for i, (_, p, grace) in enumerate(self.procs):
+            if p is proc:
+                del self.procs[i]
+                _stop(p, grace)
+                return
+
+    def close(self) -> None:
+        while self.procs:
+            _, proc, grace = self.procs.pop()
+            _stop(proc, grace)
+        if self.owned_db and self.redis_url:
+            with contextlib.suppress(redis.RedisError):
+                redis.Redis.from_url(self.redis_url).flushdb()
+
+    def pid(self, name: str) -> int | None:
+        return next((p.pid for n, p, _ in self.procs if n == name), None)
+
+    def check(self) -> None:
+        """Raise if a process this script started has exited."""
+        for name, proc, _ in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        path = self.log_dir / f"{name}.log"
+        return "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
+
+    # -- the services
+
+    def services(self) -> None:
+        if self.args.redis_server:
+            port = free_port()
+            self.start(
+                "redis",
+                [self.args.redis_server, "--port", str(port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no"],
+                grace=5,
+            )  # fmt: skip
+            self.redis_url = f"redis://127.0.0.1:{port}/0"
+            _until(lambda: _answers(port), "redis-server", 20, self.check)
+        client = redis.Redis.from_url(self.redis_url)
+        keys = client.dbsize()
+        if keys and not self.args.flush:
+            raise SystemExit(
+                f"{self.redis_url} holds {keys} keys: give the benchmark a db of its own, or "
+                "pass --flush to empty this one"
+            )
+        client.flushdb()
+        self.owned_db = True
+        self.env["WHISPERFLEET_REDIS_URL"] = self.redis_url
+        self.start(
+            "moto",
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.s3_port)],
+            grace=5,
+        )
+        _until(lambda: _answers(self.s3_port), "moto's S3 server", 30, self.check)
+        s3 = self.s3()
+        for bucket in (JOB_BUCKET, ARCHIVE):
+            s3.create_bucket(Bucket=bucket)
+
+    def api(self) -> httpx.Client:
+        port = free_port()
+        cli = [sys.executable, "-m", "worker.cli"]
+        self.start("api", [*cli, "api", "--port", str(port)], grace=5)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+
+        def ready() -> bool:
+            try:
+                return client.get("/readyz").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _until(ready, "the API", 60, self.check)
+        return client
+
+    def worker(self, index: int) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "worker.cli", "worker"]
+        argv += ["--concurrency", str(self.args.concurrency)]
+        return self.start(f"worker-{index}", argv, grace=20)
+
+    def scanner(self, name: str, **env: str) -> subprocess.Popen:
+        proc = self.start(
+            name, [sys.executable, "-m", "worker.cli", "scanner"], {**self.env, **env}, grace=10
+        )
+        _until(lambda: " ready." in self.tail(name, 200), "the scanner", 60, self.check)
+        return proc
+
+    def s3(self):
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{self.s3_port}",
+            region_name="us-east-1",
+            aws_access_key_id="whisperfleet",
+            aws_secret_access_key="whisperfleet",
+            config=Config(max_pool_connections=32, s3={"addressing_style": "path"}),
+        )
+
+
+def _stop(proc: subprocess.Popen, grace: float) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _until(check, what: str, timeout: float, alive=None, every: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if alive:
+            alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def put_many(s3, bucket: str, items: list[tuple[str, bytes]], desc: str, threads: int = 16):
+    """put_object from a thread pool, with a progress bar."""
+    with tqdm(total=len(items), desc=desc, unit="obj", file=sys.stderr) as bar:
+
+        def put(item: tuple[str, bytes]) -> None:
+            s3.put_object(Bucket=bucket, Key=item[0], Body=item[1])
+            bar.update()
+
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in pool.map(put, items):
+                pass
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def when(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+# -- latency
+
+
+def read_clips(audio_dir: Path, max_s: float, english: bool) -> list[tuple[str, bytes, float]]:
+    clips = []
+    for line in (audio_dir / "manifest.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["duration_s"] > max_s or (english and entry.get("language", "en") != "en"):
+            continue
+        path = audio_dir / entry["file"]
+        clips.append((path.name, path.read_bytes(), entry["duration_s"]))
+    if not clips:
+        raise SystemExit(f"no clip of {max_s} s or less in {audio_dir}/manifest.jsonl")
+    return clips
+
+
+class Phase:
+    """Interactive jobs at a steady rate; each one's latency, submit to `finished_at`."""
+
+    def __init__(self, api_url: str, clips: list, jobs: int, interval: float, label: str):
+        self.api_url, self.clips, self.jobs, self.interval = api_url, clips, jobs, interval
+        self.label = label
+        self.pending: dict[str, float] = {}
+        self.latencies: list[float] = []
+        self.waits: list[float] = []  # submit to started_at: waiting for a job slot
+        self.refused: list[int] = []
+        self.failed = 0
+        self.lock = threading.Lock()
+        self.local = threading.local()
+
+    def _client(self) -> httpx.Client:
+        if not hasattr(self.local, "client"):
+            self.local.client = httpx.Client(base_url=self.api_url, timeout=60)
+        return self.local.client
+
+    def _submit(self, i: int) -> None:
+        name, data, _ = self.clips[i % len(self.clips)]
+        sent = time.time()
+        reply = self._client().post("/v1/jobs", files={"file": (name, data, "audio/flac")})
+        with self.lock:
+            if reply.status_code == 202:
+                self.pending[reply.json()["id"]] = sent
+            else:
+                self.refused.append(reply.status_code)
+
+    def run(self, timeout: float, alive) -> None:
+        bar = tqdm(total=self.jobs, desc=self.label, unit="job", file=sys.stderr)
+        start = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            futures = []
+            for i in range(self.jobs):
+                time.sleep(max(0.0, start + i * self.interval - time.monotonic()))
+                futures.append(pool.submit(self._submit, i))
+                self._poll(bar)
+                alive()
+            for f in futures:
+                f.result()
+        deadline = time.monotonic() + timeout
+        while self.pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label}: {len(self.pending)} jobs not done in time")
+            alive()
+            time.sleep(0.2)
+            self._poll(bar)
+        bar.close()
+
+    def _poll(self, bar: tqdm) -> None:
+        with self.lock:
+            pending = list(self.pending.items())
+        for job_id, sent in pending:
+            job = self._client().get(f"/v1/jobs/{job_id}").json()
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                with self.lock:
+                    del self.pending[job_id]
+                if job["status"] == "succeeded":
+                    self.latencies.append(when(job["finished_at"]) - sent)
+                    self.waits.append(when(job["started_at"]) - sent)
+                else:
+                    self.failed += 1
+                bar.update()
+
+    def row(self, extra: str = "| | |") -> str:
+        lat = self.latencies
+        refused = f" ({len(self.refused)} refused: {sorted(set(self.refused))})" * bool(
+            self.refused
+        )
+        failed = f" ({self.failed} failed)" * bool(self.failed)
+        return (
+            f"| {self.label} | {len(lat)}{refused}{failed} | {percentile(lat, 50):.2f} "
+            f"| {percentile(lat, 95):.2f} | {max(lat, default=float('nan')):.2f} "
+            f"| {percentile(self.waits, 50):.2f} / {percentile(self.waits, 95):.2f} {extra}"
+        )
+
+
+def latency(args: argparse.Namespace, stack: Stack) -> None:
+    english = args.model.endswith(".en")
+    clips = read_clips(Path(args.audio_dir), args.max_clip_s, english)
+    stack.services()
+    api = stack.api()
+    for i in range(args.workers):
+        stack.worker(i)
+    stack.scanner("scanner")
+    copies = [
+        (f"calls/{i:06d}-{clips[i % len(clips)][0]}", clips[i % len(clips)][1])
+        for i in range(args.backfill_files)
+    ]
+    put_many(stack.s3(), ARCHIVE, copies, "archive")
+    backfill_audio_s = sum(clips[i % len(clips)][2] for i in range(args.backfill_files))
+
+    warmup = max(args.warmup_jobs, len(clips))
+    print(f"warming up (model load, {warmup} jobs at once) ...", file=sys.stderr, flush=True)
+    warm = Phase(str(api.base_url), clips, warmup, 0.0, "warm-up")
+    warm.run(args.timeout, stack.check)
+    idle = Phase(str(api.base_url), clips, args.jobs, args.interval, "idle fleet")
+    idle.run(args.timeout, stack.check)
+
+    reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/calls/"})
+    reply.raise_for_status()
+    backfill_id = reply.json()["id"]
+
+    def backfill() -> dict:
+        return api.get(f"/v1/backfills/{backfill_id}").json()
+
+    def ended(b: dict) -> int:
+        return b["counts"]["succeeded"] + b["counts"]["failed"]
+
+    # the fleet is busy with the backfill once its first jobs have ended
+    _until(lambda: ended(backfill()) >= args.workers, "the backfill's first jobs", 300, stack.check)
+    before, t0 = backfill(), time.monotonic()
+    busy = Phase(str(api.base_url), clips, args.jobs, args.interval, "backfill running")
+    busy.run(args.timeout, stack.check)
+    after, t1 = backfill(), time.monotonic()
+    seconds = t1 - t0
+    files_s = (ended(after) - ended(before)) / seconds
+    audio_s = (after["audio_hours"] - before["audio_hours"]) * 3600 / seconds
+    api.delete(f"/v1/backfills/{backfill_id}")
+    still = after["counts"]["in_flight"]
+
+    device = f"{args.model} on {args.device}"
+    print(
+        f"\n{args.workers} worker(s) x concurrency {args.concurrency}, {device}; one job every "
+        f"{args.interval} s; backfill of {args.backfill_files} files ({backfill_audio_s:.0f} s of "
+        f"audio), {ended(after)} ended by the end of the second phase, {still} in flight then "
+        "(cancelled)\n"
+    )
+    print(
+        "| condition | jobs | p50 s | p95 s | max s | until started p50 / p95 s "
+        "| backfill files/s | backfill audio s/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    print(idle.row())
+    print(busy.row(f"| {files_s:.2f} | {audio_s:.1f} |"))
+    ratio = percentile(busy.latencies, 95) / percentile(idle.latencies, 95)
+    print(f"\np95(backfill) / p95(idle): {ratio:.2f}")
+    if not still:
+        print("WARNING: the backfill ran out during the second phase; raise --backfill-files")
+
+
+# -- scan
+
+
+def tiny_wav() -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * 160)  # 10 ms of silence: 364 bytes
+    return out.getvalue()
+
+
+def scan_keys(n: int) -> list[tuple[str, bytes]]:
+    """Half `.txt`, 40% `.flac` that are not audio, 10% valid WAV, interleaved."""
+    wav, items = tiny_wav(), []
+    for i in range(n):
+        kind = i % 10
+        if kind < 5:
+            items.append((f"scan/{i:07d}.txt", b"notes\n"))
+        elif kind < 9:
+            items.append((f"scan/{i:07d}.flac", b"not a flac\n"))
+        else:
+            items.append((f"scan/{i:07d}.wav", wav))
+    return items
+
+
+class RSS:
+    """The resident memory of a process and its children: the latest, and the peak (sampled
+    every 0.1 s)."""
+
+    def __init__(self, pid: int):
+        self.proc = psutil.Process(pid)
+        self.peak = self.now = self._read()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> int:
+        total = 0
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for p in [self.proc, *self.proc.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    total += p.memory_info().rss
+        return total
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.1):
+            self.now = self._read()
+            self.peak = max(self.peak, self.now)
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (0: none)."""
+    if pid is None:
+        return 0.0
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def scan_variant(
+    args: argparse.Namespace, stack: Stack, api: httpx.Client, name: str
+) -> tuple[list[str], list[dict], list[str]]:
+    """One backfill over the keys with a fresh scanner; (table rows, samples, timeline)."""
+    client = redis.Redis.from_url(stack.redis_url)
+    client.flushdb()
+    bound = name == "bound"
+    env = {"WHISPERFLEET_BACKFILL_QUEUE_BOUND": str(args.bound)} if bound else {}
+    scanner = stack.scanner(f"scanner-{name}", **env)
+    rss = RSS(scanner.pid)
+    time.sleep(2.0)
+    idle_rss = rss.now
+    redis_before, keys_before = client.info("memory")["used_memory"], client.dbsize()
+    spec = {"source": f"s3://{ARCHIVE}/scan/", "extensions": VARIANTS[name]}
+    pids = scanner.pid, stack.pid("moto"), stack.pid("redis")  # redis: only one started here
+    cpu_before = [cpu_s(p) for p in pids]
+    reply = api.post("/v1/backfills", json=spec)
+    reply.raise_for_status()
+    record = reply.json()
+    backfill_id, created_at = record["id"], when(record["created_at"])
+    start = time.monotonic()
+    samples: list[dict] = []
+    stalled_at = None
+    bar = tqdm(total=args.keys, desc=name, unit="key", file=sys.stderr)
+    while True:
+        stack.check()
+        b = api.get(f"/v1/backfills/{backfill_id}").json()
+        sample = {
+            "t": time.monotonic() - start,
+            "listed": b["run"]["listed"],
+            "created": b["counts"]["created"],
+            "failed": b["counts"]["failed"],
+            "llen_bulk": client.llen(BULK),
+            "rss": rss.now,
+            "redis": client.info("memory")["used_memory"],
+            "status": b["status"],
+        }
+        samples.append(sample)
+        bar.update(sample["listed"] - bar.n)
+        bar.set_postfix(
+            jobs=sample["created"], bulk=sample["llen_bulk"], rss_mb=f"{sample['rss'] / MB:.0f}",
+            redis_mb=f"{sample['redis'] / MB:.0f}",
+        )  # fmt: skip
+        if bound and stalled_at is None and sample["created"] >= args.bound:
+            stalled_at = sample["t"]
+        if bound and stalled_at is not None and sample["t"] - stalled_at >= args.stall_s:
+            break
+        if b["status"] == "done":
+            break
+        if sample["t"] > args.timeout:
+            raise RuntimeError(f"{name}: not done in {args.timeout} s")
+        time.sleep(0.5)
+    bar.close()
+    final = b
+    if bound:
+        api.delete(f"/v1/backfills/{backfill_id}")
+    cpu = [cpu_s(p) - before for p, before in zip(pids, cpu_before, strict=True)]
+    peak = rss.peak
+    rss.close()
+    stack.stop(scanner)
+    redis_after, keys_after = client.info("memory")["used_memory"], client.dbsize()
+
+    listed = final["run"]["listed"]
+    if bound:
+        scan_s = stalled_at if stalled_at is not None else samples[-1]["t"]
+    else:
+        scan_s = when(final["run"]["scanned_at"]) - created_at
+
+    def rss_at(fraction: float) -> str:
+        target = fraction * listed
+        hit = next((s for s in samples if s["listed"] >= target), samples[-1])
+        return f"{hit['rss'] / MB:.0f}"
+
+    redis_peak = max(s["redis"] for s in samples)
+    jobs = final["counts"]["created"]
+    rows = [
+        f"| keys listed | {listed:,} of {args.keys:,} |",
+        f"| jobs made (failed at scan) | {jobs:,} ({final['counts']['failed']:,}) |",
+        f"| listing time, s | {scan_s:.1f}{' (to the stall)' if bound else ''} |",
+        f"| keys/s | {listed / max(scan_s, 1e-9):,.0f} |",
+        f"| scanner RSS MB: idle / at 10%, 50%, 100% of keys listed / peak "
+        f"| {idle_rss / MB:.0f} / {rss_at(0.1)}, {rss_at(0.5)}, {rss_at(1.0)} / {peak / MB:.0f} |",
+        f"| CPU s over the {samples[-1]['t']:.0f} s sampled: scanner / moto"
+        f"{' / redis-server' * bool(pids[2])} "
+        f"| {cpu[0]:.1f} / {cpu[1]:.1f}{f' / {cpu[2]:.1f}' * bool(pids[2])} |",
+        f"| Redis used_memory MB: before / peak / after "
+        f"| {redis_before / MB:.1f} / {redis_peak / MB:.1f} / {redis_after / MB:.1f} |",
+        f"| Redis keys: before / after | {keys_before:,} / {keys_after:,} |",
+    ]
+    if jobs:
+        per_job = (redis_after - redis_before) / jobs
+        rows.append(f"| Redis bytes per job made (after - before) | {per_job:,.0f} |")
+    timeline = []
+    if bound:
+        most = max(s["llen_bulk"] for s in samples)
+        rows.append(f"| LLEN bulk: most seen (bound) | {most:,} ({args.bound:,}) |")
+        stalled = [s for s in samples if s["t"] >= stalled_at]
+        rows.append(
+            f"| while stalled ({stalled[-1]['t'] - stalled[0]['t']:.0f} s): keys listed, "
+            f"scanner RSS MB, Redis MB | {stalled[0]['listed']:,} -> {stalled[-1]['listed']:,}, "
+            f"{stalled[0]['rss'] / MB:.0f} -> {stalled[-1]['rss'] / MB:.0f}, "
+            f"{stalled[0]['redis'] / MB:.1f} -> {stalled[-1]['redis'] / MB:.1f} |"
+        )
+        next_t = 0.0
+        for s in samples:
+            if s["t"] >= next_t:
+                timeline.append(
+                    f"| {s['t']:.0f} | {s['listed']:,} | {s['created']:,} | {s['llen_bulk']:,} "
+                    f"| {s['rss'] / MB:.0f} | {s['redis'] / MB:.1f} |"
+                )
+                next_t = s["t"] + args.timeline_every
+    return rows, samples, timeline
+
+
+def plot(path: Path, results: dict[str, list[dict]], bound: int, keys: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(8, 11), sharex=True)
+    for name, samples in results.items():
+        t = [s["t"] for s in samples]
+        axes[0].plot(t, [s["rss"] / MB for s in samples], label=name)
+        axes[1].plot(t, [s["redis"] / MB for s in samples], label=name)
+        axes[2].plot(t, [s["listed"] / 1000 for s in samples], label=name)
+        axes[3].plot(t, [s["llen_bulk"] for s in samples], label=name)
+    axes[0].set_ylabel("scanner RSS, MB")
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_ylabel("Redis used_memory, MB")
+    axes[2].set_ylabel("keys listed, thousands")
+    axes[3].axhline(bound, color="grey", lw=0.8, ls=":", label="BACKFILL_QUEUE_BOUND")
+    axes[3].set_ylabel("LLEN bulk")
+    axes[3].set_xlabel("seconds since the backfill was made")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"whisperfleet scanner over {keys:,} listed keys (no worker)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def scan(args: argparse.Namespace, stack: Stack) -> None:
+    names = args.variants.split(",")
+    unknown = set(names) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    stack.services()
+    api = stack.api()
+    put_many(stack.s3(), ARCHIVE, scan_keys(args.keys), "put keys", args.put_threads)
+    results, tables = {}, {}
+    for name in names:
+        rows, samples, timeline = scan_variant(args, stack, api, name)
+        results[name], tables[name] = samples, (rows, timeline)
+    print(f"\n{args.keys:,} keys under s3://{ARCHIVE}/scan/ (moto), Redis {stack.redis_url}")
+    for name in names:
+        rows, timeline = tables[name]
+        print(f"\n{name}: extensions {VARIANTS[name]}" + (
+            f", BACKFILL_QUEUE_BOUND={args.bound}" if name == "bound" else ""
+        ))  # fmt: skip
+        print("\n| measure | value |\n|---|---|")
+        print("\n".join(rows))
+        if timeline:
+            print(f"\n{name}, over time:\n")
+            print("| s | keys listed | jobs made | LLEN bulk | scanner RSS MB | Redis MB |")
+            print("|---|---|---|---|---|---|")
+            print("\n".join(timeline))
+    if args.plot:
+        plot(Path(args.plot), results, args.bound, args.keys)
+        print(f"\nplot: {args.plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["latency", "scan"])
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
+    parser.add_argument("--redis-server", help="start this redis-server on a free port instead")
+    parser.add_argument("--flush", action="store_true", help="empty a --redis-url db with keys")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--timeout", type=float, default=1800, help="s, for each wait")
+    latency_args = parser.add_argument_group("latency")
+    latency_args.add_argument("--audio-dir", default=str(ROOT / "tests" / "data"))
+    latency_args.add_argument("--max-clip-s", type=float, default=12.0)
+    latency_args.add_argument("--jobs", type=int, default=40, help="interactive jobs per phase")
+    latency_args.add_argument("--interval", type=float, default=2.0, help="s between them")
+    latency_args.add_argument("--backfill-files", type=int, default=400)
+    latency_args.add_argument("--workers", type=int, default=1)
+    latency_args.add_argument("--concurrency", type=int, default=8, help="per worker")
+    latency_args.add_argument(
+        "--warmup-jobs",
+        type=int,
+        default=0,
+        help="submitted at once before the first phase (at least one per clip); on a GPU, "
+        "enough to meet the batch sizes the phases will (kernels compiled, graphs captured)",
+    )
+    scan_args = parser.add_argument_group("scan")
+    scan_args.add_argument("--keys", type=int, default=100_000)
+    scan_args.add_argument("--variants", default="listing,malformed,bound")
+    scan_args.add_argument("--bound", type=int, default=1000, help="BACKFILL_QUEUE_BOUND")
+    scan_args.add_argument("--stall-s", type=float, default=30.0, help="watched at the bound")
+    scan_args.add_argument("--timeline-every", type=float, default=5.0)
+    scan_args.add_argument("--put-threads", type=int, default=16)
+    scan_args.add_argument("--plot", help="write a PNG of the samples here")
+    scan_args.add_argument("--json", help="write the samples here")
+    args = parser.parse_args()
+    if args.redis_server:
+        args.redis_server = shutil.which(args.redis_server) or args.redis_server
+
+    def terminated(signum, frame):
+        raise SystemExit(128 + signum)
+
+    # Ctrl-C and SIGTERM stop the stack through `finally` (SIGINT too where the shell that
+    # started this script had it ignored, as for a background job)
+    signal.signal(signal.SIGINT, terminated)
+    signal.signal(signal.SIGTERM, terminated)
+    with tempfile.TemporaryDirectory(prefix="backfill-bench-") as logs:
+        stack = Stack(args, Path(logs))
+        try:
+            (latency if args.what == "latency" else scan)(args, stack)
+        except (RuntimeError, httpx.HTTPError) as e:
+            print(f"backfill_bench: {e}", file=sys.stderr)
+            return 1
+        finally:
+            stack.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
