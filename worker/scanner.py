@@ -70,6 +70,7 @@ from worker.contract.jobs import (
     JobStatus,
     JobStore,
     TransitionError,
+    watched,
 )
 from worker.contract.options import OptionError
 from worker.contract.results import TranscriptResult
@@ -352,21 +353,17 @@ class Scanner:
         here)."""
         retry = self.backfills.key(backfill_id, "retry")
         counts = self.backfills.key(backfill_id, "counts")
-        with self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(retry)
-                    if not pipe.hexists(retry, job_id):
-                        return
-                    pipe.multi()
-                    pipe.hdel(retry, job_id)
-                    pipe.hincrby(counts, "failed", -1)
-                    pipe.hincrby(counts, f"failed:{code}", -1)
-                    pipe.hincrby(counts, "retried", 1)
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    continue
+
+        def write(pipe) -> None:
+            if not pipe.hexists(retry, job_id):
+                return
+            pipe.multi()
+            pipe.hdel(retry, job_id)
+            pipe.hincrby(counts, "failed", -1)
+            pipe.hincrby(counts, f"failed:{code}", -1)
+            pipe.hincrby(counts, "retried", 1)
+
+        watched(self.redis, retry, write)
 
     # -- the harvest
 

@@ -27,7 +27,7 @@ import redis
 from celery.schedules import crontab
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from worker.contract.jobs import RECENT_FAILURES, backfill_key
+from worker.contract.jobs import RECENT_FAILURES, backfill_key, watched
 from worker.contract.options import JobCreate, JobOptions, OptionError
 from worker.contract.settings import Settings
 from worker.contract.tenants import Limits, TenantError, check_source_prefix
@@ -345,24 +345,21 @@ class BackfillStore:
         same transaction. An active backfill is (again) one the scanner looks after; it lets
         go of one itself, once nothing of it is left to harvest."""
         key = self.key(backfill_id)
-        with self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
-                        raise BackfillError(f"backfill {backfill_id} does not exist")
-                    updated = change(BackfillRecord.model_validate_json(raw))
-                    pipe.multi()
-                    pipe.set(key, updated.model_dump_json())
-                    if updated.state == "active":
-                        pipe.sadd(self.active, backfill_id)
-                    if also is not None:
-                        also(pipe)
-                    pipe.execute()
-                    return updated
-                except redis.WatchError:
-                    continue
+
+        def write(pipe) -> BackfillRecord:
+            raw = pipe.get(key)
+            if raw is None:
+                raise BackfillError(f"backfill {backfill_id} does not exist")
+            updated = change(BackfillRecord.model_validate_json(raw))
+            pipe.multi()
+            pipe.set(key, updated.model_dump_json())
+            if updated.state == "active":
+                pipe.sadd(self.active, backfill_id)
+            if also is not None:
+                also(pipe)
+            return updated
+
+        return watched(self.redis, key, write)
 
     def page(
         self, tenant: str, limit: int, cursor: str | None = None

@@ -134,6 +134,23 @@ class JobRecord(BaseModel):
         return result_key(self.tenant, self.id)
 
 
+def watched(client: redis.Redis, key: str, work):
+    """A compare-and-set on `key`: `work(pipe)` reads (the pipeline is watching `key`), calls
+    `pipe.multi()` and queues its writes, which then run only if nobody changed `key` in
+    between; else it runs again. Returns what `work` returned; a `work` that queues nothing
+    writes nothing."""
+    with client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                result = work(pipe)
+                if pipe.explicit_transaction:
+                    pipe.execute()
+                return result
+            except redis.WatchError:
+                continue
+
+
 def backfill_key(prefix: str, backfill_id: str, part: str = "") -> str:
     """Where a backfill's record (part "") and its counters, sets and lists live."""
     return f"{prefix}:backfill:{backfill_id}" + (f":{part}" if part else "")
@@ -195,27 +212,23 @@ class JobStore:
         """Store a new job's record and its index entries, all or nothing; TransitionError if
         the id is taken (a backfill's ids are derived, and may be found again)."""
         key = self._key(record.id)
-        with self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    if pipe.exists(key):
-                        raise TransitionError(f"job {record.id} already exists")
-                    pipe.multi()
-                    pipe.set(key, record.model_dump_json())
-                    pipe.zadd(self.active, {record.id: time.time()})
-                    pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
-                    if (ref := record.backfill) is None:
-                        pipe.sadd(self._inflight(record.tenant), record.id)
-                    else:  # bounded by the bulk queue's bound, not the tenant's limit
-                        counts = backfill_key(self.prefix, ref.id, "counts")
-                        pipe.sadd(backfill_key(self.prefix, ref.id, "inflight"), record.id)
-                        pipe.hincrby(counts, "created", 1)
-                        pipe.hincrby(counts, f"run:{ref.run}:created", 1)
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    continue
+
+        def write(pipe) -> None:
+            if pipe.exists(key):
+                raise TransitionError(f"job {record.id} already exists")
+            pipe.multi()
+            pipe.set(key, record.model_dump_json())
+            pipe.zadd(self.active, {record.id: time.time()})
+            pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
+            if (ref := record.backfill) is None:
+                pipe.sadd(self._inflight(record.tenant), record.id)
+            else:  # bounded by the bulk queue's bound, not the tenant's limit
+                counts = backfill_key(self.prefix, ref.id, "counts")
+                pipe.sadd(backfill_key(self.prefix, ref.id, "inflight"), record.id)
+                pipe.hincrby(counts, "created", 1)
+                pipe.hincrby(counts, f"run:{ref.run}:created", 1)
+
+        watched(self.redis, key, write)
 
     def delete(self, record: JobRecord) -> None:
         """Forget a job: one that was never accepted (its submission failed halfway), or one
@@ -327,29 +340,26 @@ class JobStore:
     def _update(self, job_id: str, change) -> JobRecord:
         """Apply `change(record) -> record` as a compare-and-set on the stored record."""
         key = self._key(job_id)
-        with self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
-                        raise TransitionError(f"job {job_id} does not exist")
-                    before = JobRecord.model_validate_json(raw)
-                    updated = change(before)
-                    pipe.multi()
-                    pipe.set(key, updated.model_dump_json())
-                    if updated.status in TERMINAL:
-                        pipe.zrem(self.active, job_id)
-                        pipe.hdel(self.sent, job_id)
-                        pipe.srem(self._inflight(updated.tenant), job_id)
-                        if updated.backfill and before.status not in TERMINAL:
-                            self._count_end(pipe, updated)
-                    else:
-                        pipe.zadd(self.active, {job_id: time.time()})
-                    pipe.execute()
-                    return updated
-                except redis.WatchError:
-                    continue
+
+        def write(pipe) -> JobRecord:
+            raw = pipe.get(key)
+            if raw is None:
+                raise TransitionError(f"job {job_id} does not exist")
+            before = JobRecord.model_validate_json(raw)
+            updated = change(before)
+            pipe.multi()
+            pipe.set(key, updated.model_dump_json())
+            if updated.status in TERMINAL:
+                pipe.zrem(self.active, job_id)
+                pipe.hdel(self.sent, job_id)
+                pipe.srem(self._inflight(updated.tenant), job_id)
+                if updated.backfill and before.status not in TERMINAL:
+                    self._count_end(pipe, updated)
+            else:
+                pipe.zadd(self.active, {job_id: time.time()})
+            return updated
+
+        return watched(self.redis, key, write)
 
     def _count_end(self, pipe, record: JobRecord) -> None:
         """A backfill's job ended: counted on the backfill, once (in the transaction that
