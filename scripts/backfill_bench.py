@@ -3,16 +3,19 @@ the scanner costs to walk a large listing.
 
     python scripts/backfill_bench.py latency [--jobs 40] [--interval 2] [--backfill-files 400]
         [--workers 1] [--concurrency 8] [--warmup-jobs 0] [--device cpu] [--audio-dir DIR]
+    python scripts/backfill_bench.py throughput [--backfill-files 2010] [--engine-runs 2]
+        [--warmup-jobs 256] [--device cuda] [--audio-dir DIR]
     python scripts/backfill_bench.py scan [--keys 100000] [--bound 1000] [--stall-s 30]
         [--variants listing,malformed,bound] [--plot docs/bench/backfill-scan.png]
     (either: [--redis-url redis://127.0.0.1:6379/8 | --redis-server redis-server])
 
-Both start their own stack and stop all of it at the end (also on Ctrl-C or an error): moto's
-S3 server on a free port, `whisperfleet api`, `whisperfleet worker` processes (latency only)
-and `whisperfleet scanner`, each in a process group of its own. Redis: `--redis-url` (default
-db 8 of the local Redis, emptied at the end; a db that holds keys is refused unless `--flush`),
-or `--redis-server PATH` starts a redis-server on a free port (Redis's `used_memory` is the
-whole instance's: on a shared Redis it also moves with whatever else uses it).
+Each starts its own stack and stops all of it at the end (also on Ctrl-C or an error):
+moto's S3 server on a free port, `whisperfleet api`, `whisperfleet worker` processes (latency,
+throughput) and `whisperfleet scanner`, each in a process group of its own. Redis:
+`--redis-url` (default db 8 of the local Redis, emptied at the end; a db that holds keys is
+refused unless `--flush`), or `--redis-server PATH` starts a redis-server on a free port
+(Redis's `used_memory` is the whole instance's: on a shared Redis it also moves with whatever
+else uses it).
 
 latency: short real clips (`--audio-dir`, its manifest.jsonl; clips up to `--max-clip-s`)
 submitted through `POST /v1/jobs`, one every `--interval` s, `--jobs` of them; latency is
@@ -22,7 +25,19 @@ backfill (`POST /v1/backfills`) of `--backfill-files` copies of the same clips u
 `s3://bench-archive/calls/` runs on the same workers; its files/s and audio s/s are the deltas
 of `GET /v1/backfills/{id}` over the second phase. The backfill is cancelled at the end.
 Why: a backfill's jobs wait in `bulk`, behind interactive work, but they hold the workers'
-job slots and share the engine's batches; this measures what that costs.
+job slots and share the engine's batches; this measures what that costs. `--py-spy PATH` samples
+the first worker with py-spy (on PATH) through the second phase, threads holding the GIL only,
+and prints the GIL's busy share by thread and by the project's function on the stack.
+
+throughput: every clip of `--audio-dir`'s manifest, repeated to `--backfill-files` files.
+First the engine alone, in this process: `Engine.open(...).transcribe(files)` over the file
+bytes (decoding included, as a worker's jobs include it), after a warm-up pass over the clips,
+`--engine-runs` times. Then the fleet: the files put under `s3://bench-archive/calls/`,
+`--warmup-jobs` interactive jobs at once (the worker compiles and captures the batch sizes it
+will meet), then `POST /v1/backfills`, timed until the backfill is `done` (every job ended,
+its copies and manifest written). Both as audio seconds per second; ratio fleet / engine.
+Why: a backfill is the bulk workload; this is what the whole path (listing, inspection,
+queue, worker, storage, copies, manifest) keeps of the engine's pace.
 
 scan: `--keys` small objects (a few bytes to 364 bytes each) under `s3://bench-archive/scan/`,
 put through a thread pool: half `.txt`, 40% `.flac` that are not audio, 10% valid tiny WAV.
@@ -124,7 +139,8 @@ class Stack:
             "WHISPERFLEET_TENANT_SOURCES": f"s3://{ARCHIVE}/",
             "WHISPERFLEET_METRICS_PORT": "0",
             "WHISPERFLEET_DEVICE": args.device,
-            "WHISPERFLEET_MODELS": args.model,
+            # a name's weights may be mapped already (tiny.en=/dir)
+            "WHISPERFLEET_MODELS": os.environ.get("WHISPERFLEET_MODELS") or args.model,
             "WHISPERFLEET_DEFAULT_MODEL": args.model,
         }
 
@@ -385,7 +401,7 @@ class Phase:
 
 def latency(args: argparse.Namespace, stack: Stack) -> None:
     english = args.model.endswith(".en")
-    clips = read_clips(Path(args.audio_dir), args.max_clip_s, english)
+    clips = read_clips(Path(args.audio_dir), args.max_clip_s or 12.0, english)
     stack.services()
     api = stack.api()
     for i in range(args.workers):
@@ -419,7 +435,12 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     _until(lambda: ended(backfill()) >= args.workers, "the backfill's first jobs", 300, stack.check)
     before, t0 = backfill(), time.monotonic()
     busy = Phase(str(api.base_url), clips, args.jobs, args.interval, "backfill running")
+    spy = py_spy(args.py_spy, stack.pid("worker-0"), args.jobs * args.interval)
     busy.run(args.timeout, stack.check)
+    if spy and spy.wait() == 0:
+        print(gil_summary(Path(args.py_spy), args.jobs * args.interval), file=sys.stderr)
+    elif spy:
+        print(f"py-spy failed ({spy.returncode}): no GIL profile", file=sys.stderr)
     after, t1 = backfill(), time.monotonic()
     seconds = t1 - t0
     files_s = (ended(after) - ended(before)) / seconds
@@ -445,6 +466,124 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     print(f"\np95(backfill) / p95(idle): {ratio:.2f}")
     if not still:
         print("WARNING: the backfill ran out during the second phase; raise --backfill-files")
+
+
+def py_spy(path: str | None, pid: int | None, seconds: float) -> subprocess.Popen | None:
+    """py-spy sampling the first worker (and its children) at 100 Hz for `seconds`: the
+    threads holding the GIL only (`--gil`), as collapsed stacks with thread names."""
+    if not path or pid is None:
+        return None
+    argv = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--gil", "--threads"]
+    argv += ["--rate", "100", "--duration", str(max(1, round(seconds))), "--format", "raw"]
+    return subprocess.Popen([*argv, "--output", path], stdout=subprocess.DEVNULL)
+
+
+def gil_summary(path: Path, seconds: float) -> str:
+    """The GIL's busy share (samples with it held over samples taken) by thread, and by the
+    deepest frame of this project's code on the stack (which part of a job held it)."""
+    by_thread: dict[str, int] = {}
+    by_frame: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [f for f in stack.split(";") if not f.startswith("process ")]
+        thread = frames[0].partition("): ")[2].rstrip("0123456789-_") or frames[0]
+        by_thread[thread] = by_thread.get(thread, 0) + int(count)
+        ours = [f for f in frames[1:] if f.split("(")[-1].startswith(("worker/", "engine/"))]
+        frame = (ours or frames)[-1]
+        frame = frame.rpartition(":")[0] + ")" if ours else frame  # by function, not line
+        by_frame[frame] = by_frame.get(frame, 0) + int(count)
+    total = seconds * 100
+
+    def top(counts: dict[str, int], n: int) -> list[str]:
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+        return [f"  {count / total:6.1%}  {name}" for name, count in ranked]
+
+    held = sum(by_thread.values()) / total
+    return "\n".join(
+        [f"GIL held ({path}): {held:.0%} of the time; by thread:", *top(by_thread, 8)]
+        + ["by the deepest frame of worker/ or engine/ code:", *top(by_frame, 20)]
+    )
+
+
+# -- throughput
+
+
+def throughput(args: argparse.Namespace, stack: Stack) -> None:
+    import gc
+
+    import torch
+
+    from engine import Engine
+    from worker.contract.settings import Settings
+    from worker.engines import Engines
+
+    clips = read_clips(Path(args.audio_dir), args.max_clip_s or 1e9, english=False)
+    files = [clips[i % len(clips)] for i in range(args.backfill_files)]
+    audio_s = sum(c[2] for c in files)
+    print(f"{len(files)} files, {audio_s:.0f} s of audio", file=sys.stderr, flush=True)
+
+    # the engine as a worker configures it (weights, slots, kernels, cross K/V)
+    os.environ.update(stack.env)
+    stream = Engine.open(Engines(Settings()).config(args.model))
+    stream.transcribe([c[1] for c in clips])  # warm-up: load, compile, capture
+    engine_runs = []
+    for run in range(args.engine_runs):
+        start = time.perf_counter()
+        stream.transcribe([c[1] for c in files])
+        engine_runs.append(time.perf_counter() - start)
+        print(f"engine alone, run {run + 1}: {engine_runs[-1]:.2f} s", file=sys.stderr)
+    del stream
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+    stack.services()
+    api = stack.api()
+    for i in range(args.workers):
+        stack.worker(i)
+    stack.scanner("scanner")
+    copies = [(f"calls/{i:06d}-{name}", data) for i, (name, data, _) in enumerate(files)]
+    put_many(stack.s3(), ARCHIVE, copies, "archive")
+    warmup = max(args.warmup_jobs, len(clips))
+    print(f"warming up the worker ({warmup} jobs at once) ...", file=sys.stderr, flush=True)
+    Phase(str(api.base_url), clips, warmup, 0.0, "warm-up").run(args.timeout, stack.check)
+
+    start = time.perf_counter()
+    reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/calls/"})
+    reply.raise_for_status()
+    backfill_id = reply.json()["id"]
+    bar = tqdm(total=len(files), desc="backfill", unit="file", file=sys.stderr)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        b = api.get(f"/v1/backfills/{backfill_id}").json()
+        ended = b["counts"]["succeeded"] + b["counts"]["failed"]
+        bar.update(ended - bar.n)
+        if b["status"] == "done":
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the backfill: {ended} of {len(files)} ended in time")
+        stack.check()
+        time.sleep(0.2)
+    fleet_s = time.perf_counter() - start
+    bar.close()
+
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(
+        f"\n{args.model} on {args.device} ({gpu}); {len(files)} files ({len(clips)} clips "
+        f"repeated), {audio_s:.0f} s of audio; fleet: {args.workers} worker(s) x concurrency "
+        f"{args.concurrency}, warmed with {warmup} jobs\n"
+    )
+    print("| path | seconds | audio s / s | files |")
+    print("|---|---|---|---|")
+    for run, seconds in enumerate(engine_runs, 1):
+        print(f"| engine alone (`Stream.transcribe`), run {run} | {seconds:.2f} "
+              f"| {audio_s / seconds:.0f} | {len(files)} |")  # fmt: skip
+    counts = b["counts"]
+    print(
+        f"| backfill, `POST /v1/backfills` to `done` | {fleet_s:.2f} | {audio_s / fleet_s:.0f} "
+        f"| {counts['succeeded']} succeeded, {counts['failed']} failed |"
+    )
+    print(f"\nratio (backfill / best engine run): {min(engine_runs) / fleet_s:.2f}")
 
 
 # -- scan
@@ -690,19 +829,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["latency", "scan"])
+    parser.add_argument("what", choices=["latency", "throughput", "scan"])
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
     parser.add_argument("--redis-server", help="start this redis-server on a free port instead")
     parser.add_argument("--flush", action="store_true", help="empty a --redis-url db with keys")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--timeout", type=float, default=1800, help="s, for each wait")
-    latency_args = parser.add_argument_group("latency")
+    latency_args = parser.add_argument_group("latency and throughput")
     latency_args.add_argument("--audio-dir", default=str(ROOT / "tests" / "data"))
-    latency_args.add_argument("--max-clip-s", type=float, default=12.0)
+    latency_args.add_argument(
+        "--max-clip-s", type=float, help="leave longer clips out (latency: 12, throughput: none)"
+    )
     latency_args.add_argument("--jobs", type=int, default=40, help="interactive jobs per phase")
     latency_args.add_argument("--interval", type=float, default=2.0, help="s between them")
     latency_args.add_argument("--backfill-files", type=int, default=400)
+    latency_args.add_argument("--engine-runs", type=int, default=2, help="throughput")
+    latency_args.add_argument(
+        "--py-spy", metavar="PATH", help="latency: the first worker's GIL, sampled in phase two"
+    )
     latency_args.add_argument("--workers", type=int, default=1)
     latency_args.add_argument("--concurrency", type=int, default=8, help="per worker")
     latency_args.add_argument(
@@ -735,7 +880,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="backfill-bench-") as logs:
         stack = Stack(args, Path(logs))
         try:
-            (latency if args.what == "latency" else scan)(args, stack)
+            {"latency": latency, "throughput": throughput, "scan": scan}[args.what](args, stack)
         except (RuntimeError, httpx.HTTPError) as e:
             print(f"backfill_bench: {e}", file=sys.stderr)
             return 1
