@@ -12,8 +12,8 @@ once the lock lapses:
 
 - The scan. A page of the listing after the run's cursor: keys the patterns leave out are
   counted, each other object's job id is derived (`object_job_id`) and looked up; an object
-  whose job exists is skipped (an earlier run, another backfill, or this step before a crash
-  made it), a new one is inspected (its first bytes, the checks an upload gets) and made, as
+  whose job exists or ended is skipped (an earlier run, another backfill, or this step before
+  a crash made it), a new one is inspected (its first bytes, the checks an upload gets) and made, as
   `failed` at once if the inspection refuses it. The cursor and the page's counts then move in
   one transaction. A crash mid-page repeats the page: the jobs it made are found, not made
   twice.
@@ -25,7 +25,10 @@ once the lock lapses:
   `<out>/a/b/c.flac.json`, `.srt`, ...) and a line each in the manifest, written as numbered
   parts (`<out>/_manifest/000000001.jsonl`, ...; the API wrote the empty part 0 at the start);
   the list is trimmed after its part is written, and a part written again after a crash holds
-  the same lines and more.
+  the same lines and more. The records of the jobs written out then expire
+  (BACKFILL_JOB_RETENTION_S): the manifest keeps what they said, and the job store's small
+  mark of each end (`JobStore.ended`) is what a later run skips, so Redis holds about 40
+  bytes per object done rather than its whole record.
 """
 
 from __future__ import annotations
@@ -235,19 +238,22 @@ class Scanner:
                 ids.append(object_job_id(record.tenant, bucket, key, etag, spec.model, options))
             else:
                 ids.append(None)
-        known = self.jobs.get_many([i for i in ids if i])
-        found = dict(zip([i for i in ids if i], known, strict=True))
+        taken = [i for i in ids if i]
+        known = dict(zip(taken, self.jobs.get_many(taken), strict=True))
+        gone = [i for i in taken if known[i] is None]  # never made, or its record went
+        ended = {i for i, mark in zip(gone, self.jobs.ended(gone), strict=True) if mark}
         ours = BackfillRef(id=record.id, run=run.number)
         walked, excluded, skipped, new = 0, 0, 0, []
         for o, job_id in zip(objects, ids, strict=True):
-            if job_id is not None and found[job_id] is None and len(new) == share:
+            fresh = job_id is not None and known[job_id] is None and job_id not in ended
+            if fresh and len(new) == share:
                 break
             walked += 1
             if job_id is None:
                 excluded += 1
-            elif found[job_id] is None:
+            elif fresh:
                 new.append((o, job_id))
-            elif found[job_id].backfill != ours:
+            elif job_id in ended or known[job_id].backfill != ours:
                 skipped += 1  # made before: by an earlier run, another backfill, a retry
         list(self.pool.map(lambda n: self._make(record, bucket, *n), new))
         cursor = objects[walked - 1]["Key"] if walked else run.cursor
@@ -332,9 +338,9 @@ class Scanner:
         if not entries:
             self.backfills.update(record.id, lambda r: r.model_copy(update={"retrying": False}))
             return 0
-        old = self.jobs.get_many([k.decode() for k, _ in entries])
-        for (job_id, source), before in zip(entries, old, strict=True):
-            job_id, source = job_id.decode(), source.decode()
+        for job_id, failure in entries:
+            job_id = job_id.decode()
+            code, _, source = failure.decode().partition(" ")
             bucket, _, key = source.removeprefix("s3://").partition("/")
             try:  # the object as it is now, inspected again
                 size, _ = self.storage.head(key, bucket)
@@ -344,7 +350,6 @@ class Scanner:
                 log.info("backfill %s: %s is gone; not retried", record.id, source)
             else:
                 self._make(record, bucket, {"Key": key, "Size": size}, retry_job_id(job_id))
-            code = before.error.code if before and before.error else "unknown"
             self._forget_failure(record.id, job_id, code)
         return len(entries)
 
@@ -393,6 +398,8 @@ class Scanner:
         with self.redis.pipeline() as pipe:
             pipe.ltrim(ended, len(ids), -1)
             pipe.hincrby(counts, "manifest_parts", 1)
+            for job_id in ids:  # the manifest keeps them now; the ended marks stay
+                self.jobs.expire(job_id, self.settings.backfill_job_retention_s, pipe)
             pipe.execute()
         self.waiting.pop(record.id, None)
         return True

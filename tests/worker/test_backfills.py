@@ -6,6 +6,7 @@ tests/faults/test_backfills.py."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -410,6 +411,46 @@ def test_retry_runs_failed_objects_again_once(world):
     assert len(world.jobs_of(record.id)) == 6
     record = world.backfills.get(record.id)
     assert record.state == "done" and world.backfills.counts(record).failed == 3
+
+
+def test_records_go_once_written_out_and_a_rerun_still_skips_their_objects(world):
+    for i in range(4):
+        world.put(f"kept/{i}.flac", world.audio)
+    world.put("kept/bad.flac", b"this is no flac at all")
+    record = world.backfill("kept/")
+    scanner = world.scanner(backfill_job_retention_s=1)
+    world.until_listed(scanner, record.id)
+    jobs = world.jobs_of(record.id)
+    for job in jobs:
+        if job.status == "queued":
+            world.end(job, JobStatus.succeeded)
+    scanner.step()  # the harvest: copies, a manifest part, and the records' expiry
+    assert world.backfills.get(record.id).state == "done"
+    ids = [j.id for j in jobs]
+    assert world.store.ended(ids) == [True] * 5
+    assert world.store.ended([new_id()[:32]]) == [False]
+    deleted = next(j for j in jobs if j.status == "queued")
+    world.store.delete(deleted)  # as DELETE /v1/jobs/{id}: its object is to be done again
+    time.sleep(2.5)
+    assert world.store.get_many(ids) == [None] * 5  # Redis keeps the marks only
+    assert world.store.ended(ids).count(True) == 4
+
+    again = world.backfill("kept/")  # each object ended: none is made again but the deleted
+    world.until_listed(scanner, again.id)
+    assert [j.source for j in world.jobs_of(again.id)] == [deleted.source]
+    assert world.backfills.get(again.id).run.skipped == 4
+
+    world.put("kept/bad.flac", world.audio)  # fixed; retried though its record is gone
+    world.backfills.retry(
+        record.id, lambda r: r.model_copy(update={"retrying": True, "state": "active"})
+    )
+    for _ in range(3):
+        scanner.step()
+    retried = world.jobs_of(record.id)
+    assert [j.status for j in retried] == ["queued"]
+    counts = world.backfills.counts(world.backfills.get(record.id))
+    assert (counts.failed, counts.retried) == (0, 1)
+    assert counts.failed_by_code == {"invalid_audio": 0}  # its code, though its record went
 
 
 def test_cancel_drops_queued_jobs_and_lets_running_ones_finish(world):

@@ -309,10 +309,11 @@ class BackfillStore:
     """Backfill records under `<prefix>:backfill:<id>`; beside each (`backfill_key`): `counts`
     (a hash the job store moves as its jobs are made and end), `inflight` (its jobs not yet
     ended), `ended` (jobs ended and not yet written to the manifest, in order), `failed`
-    (failed job id -> source), `retry` (failed jobs `retry` listed for the scanner to run
-    again) and `failures` (the latest, with reasons). `<prefix>:backfills:active` holds the
-    backfills the scanner looks after, `<prefix>:backfills:scanner` the scanners' lock,
-    `<prefix>:tenant:<t>:backfills` a tenant's backfills by creation."""
+    (failed job id -> "<error code> <source>"), `retry` (failed jobs `retry` listed for the
+    scanner to run again) and `failures` (the latest, with reasons).
+    `<prefix>:backfills:active` holds the backfills the scanner looks after,
+    `<prefix>:backfills:scanner` the scanners' lock, `<prefix>:tenant:<t>:backfills` a
+    tenant's backfills by creation."""
 
     def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
         self.redis, self.prefix = client, prefix

@@ -151,6 +151,12 @@ def watched(client: redis.Redis, key: str, work):
                 continue
 
 
+# A backfill job's end is marked in hash `<prefix>:ended:<first 4 characters of its id>`:
+# 65,536 small hashes, each Redis's compact encoding while it holds at most 128 fields
+# (hash-max-listpack-entries): about 40 bytes an object up to some 8 million objects.
+ENDED_BUCKET = 4
+
+
 def backfill_key(prefix: str, backfill_id: str, part: str = "") -> str:
     """Where a backfill's record (part "") and its counters, sets and lists live."""
     return f"{prefix}:backfill:{backfill_id}" + (f":{part}" if part else "")
@@ -240,18 +246,32 @@ class JobStore:
             pipe.hdel(self.sent, record.id)
             pipe.zrem(self._listing(record.tenant), record.listed_as)
             pipe.srem(self._inflight(record.tenant), record.id)
-            if record.backfill is not None:
+            if record.backfill is not None:  # its object is done again by a later run
                 pipe.srem(backfill_key(self.prefix, record.backfill.id, "inflight"), record.id)
+                pipe.hdel(self._ended_key(record.id), record.id[ENDED_BUCKET:])
             pipe.execute()
 
     def in_flight(self, tenant: str) -> int:
         """The tenant's jobs not yet terminal."""
         return self.redis.scard(self._inflight(tenant))
 
-    def expire(self, job_id: str, after_s: float) -> None:
+    def expire(self, job_id: str, after_s: float, client=None) -> None:
         """Let a terminal record go `after_s` from now (the tenant's list forgets it when it
-        finds it gone)."""
-        self.redis.expire(self._key(job_id), max(1, int(after_s)))
+        finds it gone); `client`: a pipeline to queue it on."""
+        (client or self.redis).expire(self._key(job_id), max(1, int(after_s)))
+
+    def _ended_key(self, job_id: str) -> str:
+        return f"{self.prefix}:ended:{job_id[:ENDED_BUCKET]}"
+
+    def ended(self, job_ids: list[str]) -> list[bool]:
+        """Whether each of these backfill jobs succeeded or failed, its record kept or not (a
+        backfill's records go once harvested; this mark stays, so a rerun still skips the
+        object). A cancelled or expired one is not marked: once its record goes, a later run
+        makes its job again."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hexists(self._ended_key(job_id), job_id[ENDED_BUCKET:])
+            return [bool(found) for found in pipe.execute()]
 
     def page(
         self,
@@ -348,7 +368,9 @@ class JobStore:
             before = JobRecord.model_validate_json(raw)
             updated = change(before)
             pipe.multi()
-            pipe.set(key, updated.model_dump_json())
+            # a terminal record keeps the expiry its retention gave it
+            keep = before.status in TERMINAL and updated.status in TERMINAL
+            pipe.set(key, updated.model_dump_json(), keepttl=keep)
             if updated.status in TERMINAL:
                 pipe.zrem(self.active, job_id)
                 pipe.hdel(self.sent, job_id)
@@ -363,10 +385,12 @@ class JobStore:
 
     def _count_end(self, pipe, record: JobRecord) -> None:
         """A backfill's job ended: counted on the backfill, once (in the transaction that
-        ends it), and handed to its manifest (`ended`)."""
+        ends it), marked as done if it was (`ended()`), and handed to its manifest (`ended`)."""
         ref = record.backfill
         counts = backfill_key(self.prefix, ref.id, "counts")
         status = str(record.status)
+        if record.status in (JobStatus.succeeded, JobStatus.failed):  # not to be done again
+            pipe.hset(self._ended_key(record.id), record.id[ENDED_BUCKET:], status[0])
         pipe.srem(backfill_key(self.prefix, ref.id, "inflight"), record.id)
         pipe.hincrby(counts, status, 1)
         pipe.hincrby(counts, f"run:{ref.run}:ended", 1)
@@ -377,7 +401,8 @@ class JobStore:
         elif record.status is JobStatus.failed:
             code = record.error.code if record.error else "unknown"
             pipe.hincrby(counts, f"failed:{code}", 1)
-            pipe.hset(backfill_key(self.prefix, ref.id, "failed"), record.id, record.source or "")
+            failed = backfill_key(self.prefix, ref.id, "failed")
+            pipe.hset(failed, record.id, f"{code} {record.source or ''}")  # for a retry
             failure = {
                 "source": record.source,
                 "job_id": record.id,

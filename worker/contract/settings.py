@@ -68,9 +68,12 @@ class Settings(BaseSettings):
 
     # Backfills (worker.scanner): jobs are made while fewer than backfill_queue_bound messages
     # wait in the bulk queue, shared fairly between the backfills scanning; a tenant may have
-    # backfill_max_active backfills that are not done or cancelled.
+    # backfill_max_active backfills that are not done or cancelled. A backfill's job record
+    # goes backfill_job_retention_s after the scanner wrote it into the manifest (which
+    # keeps it); a small mark of its end stays, so a rerun still skips the object.
     backfill_queue_bound: int = Field(1000, gt=0)
     backfill_max_active: int = Field(20, gt=0)
+    backfill_job_retention_s: float = Field(600.0, gt=0)
 
     # Models clients may ask for: "name" for the packaged weights (tiny.en, base) or
     # "name=source" where source is a local Hugging Face / CTranslate2 directory or a hub id.
