@@ -235,6 +235,8 @@ class Stack:
     def worker(self, index: int) -> subprocess.Popen:
         argv = [sys.executable, "-m", "worker.cli", "worker"]
         argv += ["--concurrency", str(self.args.concurrency)]
+        if getattr(self.args, "split", False):  # the first for interactive jobs alone
+            argv += ["--queues", "interactive" if index == 0 else BULK]
         return self.start(f"worker-{index}", argv, grace=20)
 
     def scanner(self, name: str, **env: str) -> subprocess.Popen:
@@ -324,9 +326,11 @@ def read_clips(audio_dir: Path, max_s: float, english: bool) -> list[tuple[str, 
 class Phase:
     """Interactive jobs at a steady rate; each one's latency, submit to `finished_at`."""
 
-    def __init__(self, api_url: str, clips: list, jobs: int, interval: float, label: str):
+    def __init__(
+        self, api_url: str, clips: list, jobs: int, interval: float, label: str, priority: str = ""
+    ):
         self.api_url, self.clips, self.jobs, self.interval = api_url, clips, jobs, interval
-        self.label = label
+        self.label, self.form = label, {"priority": priority} if priority else {}
         self.pending: dict[str, float] = {}
         self.latencies: list[float] = []
         self.waits: list[float] = []  # submit to started_at: waiting for a job slot
@@ -343,7 +347,8 @@ class Phase:
     def _submit(self, i: int) -> None:
         name, data, _ = self.clips[i % len(self.clips)]
         sent = time.time()
-        reply = self._client().post("/v1/jobs", files={"file": (name, data, "audio/flac")})
+        files = {"file": (name, data, "audio/flac")}
+        reply = self._client().post("/v1/jobs", files=files, data=self.form)
         with self.lock:
             if reply.status_code == 202:
                 self.pending[reply.json()["id"]] = sent
@@ -418,6 +423,8 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     print(f"warming up (model load, {warmup} jobs at once) ...", file=sys.stderr, flush=True)
     warm = Phase(str(api.base_url), clips, warmup, 0.0, "warm-up")
     warm.run(args.timeout, stack.check)
+    if args.split:  # the bulk workers, warmed as well
+        Phase(str(api.base_url), clips, warmup, 0.0, "warm-up", BULK).run(args.timeout, stack.check)
     idle = Phase(str(api.base_url), clips, args.jobs, args.interval, "idle fleet")
     idle.run(args.timeout, stack.check)
 
@@ -449,11 +456,12 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     still = after["counts"]["in_flight"]
 
     device = f"{args.model} on {args.device}"
+    split = " (the first for interactive jobs alone)" * args.split
     print(
-        f"\n{args.workers} worker(s) x concurrency {args.concurrency}, {device}; one job every "
-        f"{args.interval} s; backfill of {args.backfill_files} files ({backfill_audio_s:.0f} s of "
-        f"audio), {ended(after)} ended by the end of the second phase, {still} in flight then "
-        "(cancelled)\n"
+        f"\n{args.workers} worker(s){split} x concurrency {args.concurrency}, {device}; one job "
+        f"every {args.interval} s; backfill of {args.backfill_files} files "
+        f"({backfill_audio_s:.0f} s of audio), {ended(after)} ended by the end of the second "
+        f"phase, {still} in flight then (cancelled)\n"
     )
     print(
         "| condition | jobs | p50 s | p95 s | max s | until started p50 / p95 s "
@@ -850,6 +858,12 @@ def main() -> int:
     )
     latency_args.add_argument("--workers", type=int, default=1)
     latency_args.add_argument("--concurrency", type=int, default=8, help="per worker")
+    latency_args.add_argument(
+        "--split",
+        action="store_true",
+        help="latency: the first worker takes interactive jobs alone, the others bulk alone "
+        "(`--queues`), all on the same device; give --workers 2 or more",
+    )
     latency_args.add_argument(
         "--warmup-jobs",
         type=int,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from worker import backfill_cli
 from worker.contract.formats import WRITERS
+from worker.contract.jobs import QUEUES
 from worker.contract.options import JobCreate, Mode, OptionError, Task, values
 from worker.contract.settings import get_settings
 from worker.supervisor import Child, Supervisor
@@ -68,7 +69,7 @@ def _api(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     if args.gpus:
-        return _worker_per_gpu(_gpu_list(args.gpus), args.concurrency)
+        return _worker_per_gpu(_gpu_list(args.gpus), args.concurrency, args.queues)
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
@@ -84,11 +85,23 @@ def _worker(args: argparse.Namespace) -> int:
             "--loglevel=INFO",
             f"--concurrency={args.concurrency or settings.worker_concurrency}",
             f"--hostname=whisperfleet-{os.getpid()}@{socket.gethostname()}",
+            f"--queues={args.queues}",
             "--without-gossip",
             "--without-mingle",
         ]
     )
     return 0
+
+
+def _queues(text: str) -> str:
+    """`--queues`: some of the job queues, in the order they are consumed."""
+    named = [q.strip() for q in text.split(",") if q.strip()]
+    unknown = [q for q in named if q not in QUEUES]
+    if unknown or not named:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'nothing'}: not a queue; choose from {', '.join(QUEUES)}"
+        )
+    return ",".join(q for q in QUEUES if q in named)  # interactive first, whatever was typed
 
 
 def _webhooks(args: argparse.Namespace) -> int:
@@ -136,10 +149,10 @@ def _gpu_list(spec: str) -> list[str]:
     return [str(i) for i in range(int(count))]
 
 
-def _worker_per_gpu(gpus: list[str], concurrency: int | None) -> int:
+def _worker_per_gpu(gpus: list[str], concurrency: int | None, queues: str) -> int:
     """One worker process per GPU (each sees only its own), restarted when it dies;
     SIGTERM or Ctrl-C drains them all."""
-    cli = [sys.executable, "-m", "worker.cli", "worker"]
+    cli = [sys.executable, "-m", "worker.cli", "worker", "--queues", queues]
     if concurrency:
         cli += ["--concurrency", str(concurrency)]
     port = get_settings().metrics_port
@@ -357,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("worker", help="one worker process (one per GPU)")
     p.add_argument("--concurrency", type=int, help="jobs in flight (default from settings)")
+    p.add_argument(
+        "--queues",
+        type=_queues,
+        default=",".join(QUEUES),
+        help=f"the queues it takes jobs from (default {','.join(QUEUES)}: in that order); "
+        "`interactive` keeps a worker for interactive jobs alone, beside one that runs backfills",
+    )
     p.add_argument(
         "--gpus",
         help="0,1 or all: one worker process per GPU, each restarted if it dies",

@@ -594,7 +594,7 @@ def scheduled(backfill_id: str) -> None:
 
 def pump(scanner: Scanner, stop: threading.Event) -> None:
     """Step until stopped: at once again after a step that did something; the lock renewed
-    beside the steps."""
+    beside the steps, and let go of once stopped (another scanner goes on at once)."""
     threading.Thread(target=scanner.keep, args=(stop,), name="lock", daemon=True).start()
     while not stop.is_set():
         try:
@@ -605,6 +605,11 @@ def pump(scanner: Scanner, stop: threading.Event) -> None:
             stop.wait(2.0)
         if not busy:
             stop.wait(IDLE_S)
+    try:
+        scanner.holding = False  # the lock thread renews it no more
+        scanner.backfills.unlock(scanner.token)
+    except redis.RedisError as e:  # it lapses by itself
+        log.warning("scanner: the lock was not let go (%s)", e)
 
 
 def run(concurrency: int = 2) -> None:
@@ -614,7 +619,8 @@ def run(concurrency: int = 2) -> None:
     client = redis.Redis.from_url(settings.redis_url)
     scanner = Scanner(settings, client, Storage(settings), create_job_app(settings))
     stop = threading.Event()
-    threading.Thread(target=pump, args=(scanner, stop), name="pump", daemon=True).start()
+    pumping = threading.Thread(target=pump, args=(scanner, stop), name="pump", daemon=True)
+    pumping.start()
     try:
         app.worker_main(
             [
@@ -629,6 +635,7 @@ def run(concurrency: int = 2) -> None:
         )
     finally:
         stop.set()
+        pumping.join(LOCK_TTL_S)  # its step ends, then it lets go of the lock
 
 
 def beat() -> None:

@@ -24,10 +24,12 @@ from worker.contract.backfills import (
     BackfillError,
     BackfillRecord,
     BackfillStore,
+    TooManyBackfills,
     new_backfill_id,
     rate,
     split_prefix,
 )
+from worker.contract.settings import Settings
 from worker.scanner import drop_queued, schedule, unschedule
 
 router = APIRouter(prefix="/v1/backfills", tags=["backfills"])
@@ -143,15 +145,8 @@ async def create_backfill(
 
 def _create(spec, request, tenant, tenants, backfills, storage, settings) -> BackfillRecord:
     spec = spec.resolve(settings, tenants.limits(tenant))
-    mine = [b for b in map(backfills.get, backfills.active_ids()) if b and b.tenant == tenant]
-    if sum(b.state == "active" for b in mine) >= settings.backfill_max_active:
-        raise ApiError(
-            429,
-            "too_many_backfills",
-            f"{settings.backfill_max_active} backfills of this tenant are active; wait for one "
-            "to finish, or cancel one",
-            {"Retry-After": "60"},
-        )
+    if backfills.active_count(tenant) >= settings.backfill_max_active:  # before any write
+        raise _too_many(settings)
     backfill_id = new_backfill_id()
     output = spec.output or f"s3://{settings.s3_bucket}/backfills/{tenant}/{backfill_id}/"
     if output.startswith(spec.source) or spec.source.startswith(output):
@@ -172,13 +167,25 @@ def _create(spec, request, tenant, tenants, backfills, storage, settings) -> Bac
     if spec.schedule:
         schedule(request.app.state.backfill_celery, record)
     try:
-        backfills.create(record)
-    except BaseException:  # best effort; an entry left behind is removed when it fires
+        backfills.create(record, settings.backfill_max_active)
+    except BaseException as e:  # best effort; an entry left behind is removed when it fires
         if spec.schedule:
             unschedule(request.app.state.backfill_celery, record.id)
         storage.delete(first, bucket)
+        if isinstance(e, TooManyBackfills):  # another start took the last place meanwhile
+            raise _too_many(settings) from e
         raise
     return record
+
+
+def _too_many(settings: Settings) -> ApiError:
+    return ApiError(
+        429,
+        "too_many_backfills",
+        f"{settings.backfill_max_active} backfills of this tenant are active; wait for one to "
+        "finish, or cancel one",
+        {"Retry-After": "60"},
+    )
 
 
 def _storage_call(call, code: str, uri: str, *args):

@@ -170,13 +170,14 @@ class Fleet:
         fmt: str = "flac",
         twice: bool = False,
         options: JobOptions | None = None,
+        priority: str = "bulk",
     ):
         """As the API does: the input, the record, the message (here maybe two)."""
         record = JobRecord(
             id=new_job_id(),
             model="tiny.en",
             options=options or JobOptions(),
-            priority="bulk",
+            priority=priority,
             input=JobInput(kind=kind, bytes=len(data), format=fmt),
         )
         self.storage.client.put_object(Bucket=self.storage.bucket, Key=record.input_key, Body=data)

@@ -192,6 +192,19 @@ def test_storage_frozen_for_30_s_delays_jobs_and_fails_none(fleet, storage_serve
     assert (tally.succeeded, tally.failed, tally.duplicates, tally.lost) == (16, 0, 0, 0)
 
 
+def test_a_worker_for_interactive_jobs_alone_leaves_bulk_ones_to_another(fleet, inputs):
+    bulk = submit_many(fleet, inputs, 3)
+    interactive = submit_many(fleet, inputs, 3, priority="interactive")
+    fleet.start_worker(None, "--queues", "interactive")
+    fleet.wait_all(interactive)
+    assert {fleet.store.get(i).status for i in bulk} == {"queued"}
+    assert fleet.redis.llen("bulk") == 3  # still queued, not taken and held
+    fleet.start_worker(None, "--queues", "bulk")
+    fleet.wait_all(bulk)
+    tally = fleet.tally(bulk + interactive)
+    assert (tally.succeeded, tally.duplicates, tally.lost) == (6, 0, 0)
+
+
 def test_one_worker_per_gpu_and_a_dead_one_is_started_again(fleet, inputs):
     supervisor = fleet.start_worker(None, "--gpus", "0,1")
     try:

@@ -6,7 +6,9 @@ tests/faults/test_backfills.py."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,6 +23,7 @@ from worker.contract.backfills import (
     BackfillRecord,
     BackfillStore,
     Run,
+    TooManyBackfills,
     object_job_id,
     parse_schedule,
 )
@@ -35,6 +38,7 @@ from worker.scanner import (
     Scanner,
     create_backfill_app,
     drop_queued,
+    pump,
     schedule,
     start_run,
     unschedule,
@@ -78,19 +82,23 @@ class World:
         self.storage.client.put_object(Bucket=ARCHIVE, Key=key, Body=data)
 
     def backfill(self, prefix: str, **spec) -> BackfillRecord:
+        record = self.record(prefix, **spec)
+        self.backfills.create(record)
+        return record
+
+    def record(self, prefix: str, **spec) -> BackfillRecord:
+        """A backfill's record, not stored yet."""
         create = BackfillCreate(source=f"s3://{ARCHIVE}/{prefix}", **spec)
         create = create.resolve(
             self.settings,
             Limits(sources=self.settings.tenant_sources, jobs_per_minute=1, jobs_in_flight=1),
         )
-        record = BackfillRecord(
+        return BackfillRecord(
             id=new_id(),
             tenant="default",
             spec=create,
             output=f"s3://{self.settings.s3_bucket}/backfills/default/out-{prefix}",
         )
-        self.backfills.create(record)
-        return record
 
     def until_listed(self, scanner: Scanner, backfill_id: str, steps: int = 50) -> None:
         for _ in range(steps):
@@ -278,6 +286,41 @@ def test_one_scanner_works_at_a_time_and_a_lost_lock_writes_nothing(world, monke
     with pytest.raises(LockLost):
         first.step()
     assert world.backfills.get(record.id).run.cursor is None  # nothing written
+
+
+def test_a_scanner_stopping_lets_go_of_the_lock_at_once(world):
+    first, second = world.scanner(), world.scanner()
+    stop = threading.Event()
+    pumping = threading.Thread(target=pump, args=(first, stop))
+    pumping.start()
+    for _ in range(100):
+        if first.holding:
+            break
+        time.sleep(0.05)
+    assert first.holding and not second.step()  # the second waits
+    stop.set()
+    pumping.join(10)
+    assert not pumping.is_alive() and not world.store.redis.exists(LOCK)
+    second.step()
+    assert second.holding  # without waiting for the lock to lapse
+
+
+def test_starts_at_the_same_moment_cannot_pass_the_active_limit_together(world):
+    records = [world.record("limit/") for _ in range(8)]
+    barrier = threading.Barrier(len(records))
+
+    def start(record) -> bool:
+        barrier.wait()
+        try:
+            world.backfills.create(record, max_active=3)
+        except TooManyBackfills:
+            return False
+        return True
+
+    with ThreadPoolExecutor(len(records)) as pool:
+        started = list(pool.map(start, records))
+    assert sum(started) == 3
+    assert world.backfills.active_count("default") == 3
 
 
 def test_a_failing_backfill_shows_why_and_holds_up_no_other(world):

@@ -286,6 +286,10 @@ class BackfillError(RuntimeError):
     """A backfill that is not in a state to do what was asked."""
 
 
+class TooManyBackfills(BackfillError):
+    """The tenant has as many active backfills as it may."""
+
+
 @dataclass(frozen=True)
 class Counts:
     """What a backfill's jobs did, from the counters its jobs' ends move."""
@@ -325,12 +329,28 @@ class BackfillStore:
     def _listing(self, tenant: str) -> str:
         return f"{self.prefix}:tenant:{tenant}:backfills"
 
-    def create(self, record: BackfillRecord) -> None:
-        with self.redis.pipeline() as pipe:
+    def create(self, record: BackfillRecord, max_active: int | None = None) -> None:
+        """Store a new backfill; TooManyBackfills where its tenant has `max_active` active
+        ones already. Counted and stored in one transaction (watching the active set), so
+        starts at the same moment cannot pass the limit together."""
+
+        def write(pipe) -> None:
+            if max_active is not None and self.active_count(record.tenant, pipe) >= max_active:
+                raise TooManyBackfills(f"{max_active} backfills of this tenant are active")
+            pipe.multi()
             pipe.set(self.key(record.id), record.model_dump_json(), nx=True)
             pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
             pipe.sadd(self.active, record.id)
-            pipe.execute()
+
+        watched(self.redis, self.active, write)
+
+    def active_count(self, tenant: str, client=None) -> int:
+        """The tenant's backfills that are active (neither done nor cancelled)."""
+        client = client or self.redis
+        ids = [m.decode() for m in client.smembers(self.active)]
+        raws = client.mget([self.key(i) for i in ids]) if ids else []
+        records = [BackfillRecord.model_validate_json(r) for r in raws if r]
+        return sum(r.tenant == tenant and r.state == "active" for r in records)
 
     def get(self, backfill_id: str) -> BackfillRecord | None:
         raw = self.redis.get(self.key(backfill_id))
@@ -466,11 +486,23 @@ class BackfillStore:
             return True
         return bool(self._renew(keys=[key], args=[token, int(ttl_s * 1000)]))
 
+    def unlock(self, token: str) -> None:
+        """Let go of the scanners' lock, if `token` holds it: a scanner stopping cleanly hands
+        over at once rather than when the lock lapses."""
+        self._release(keys=[f"{self.prefix}:backfills:scanner"], args=[token])
+
     @property
     def _renew(self):
         return self.redis.register_script(
             "if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+        )
+
+    @property
+    def _release(self):
+        return self.redis.register_script(
+            "if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('del', KEYS[1]) else return 0 end"
         )
 
 
