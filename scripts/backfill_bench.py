@@ -136,6 +136,7 @@ class Stack:
             "WHISPERFLEET_S3_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}",
             "WHISPERFLEET_S3_BUCKET": JOB_BUCKET,
             "WHISPERFLEET_AUTH": "none",
+            "WHISPERFLEET_TENANT_JOBS_PER_MINUTE": "1000000",  # warm-ups count too
             "WHISPERFLEET_TENANT_SOURCES": f"s3://{ARCHIVE}/",
             "WHISPERFLEET_METRICS_PORT": "0",
             "WHISPERFLEET_DEVICE": args.device,
