@@ -25,7 +25,9 @@ backfill (`POST /v1/backfills`) of `--backfill-files` copies of the same clips u
 `s3://bench-archive/calls/` runs on the same workers; its files/s and audio s/s are the deltas
 of `GET /v1/backfills/{id}` over the second phase. The backfill is cancelled at the end.
 Why: a backfill's jobs wait in `bulk`, behind interactive work, but they hold the workers'
-job slots and share the engine's batches; this measures what that costs. `--py-spy PATH` samples
+job slots and share the engine's batches; this measures what that costs. Each worker's metrics are
+scraped before and after each phase: the mean time per job of each stage (queue, fetch,
+decode, engine, store) by priority, and the engine's busy share. `--py-spy PATH` samples
 the first worker with py-spy (on PATH) through the second phase, threads holding the GIL only,
 and prints the GIL's busy share by thread and by the project's function on the stack.
 
@@ -81,6 +83,7 @@ import httpx
 import psutil
 import redis
 from botocore.config import Config
+from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +92,9 @@ sys.path.insert(0, str(ROOT))
 from worker.contract.jobs import QUEUES  # noqa: E402
 
 BULK = QUEUES[-1]
+STAGES = ("queue", "fetch", "decode", "engine", "store")  # worker.metrics.JOB_STAGE
+SCRAPED = ("whisperfleet_job_stage_seconds_sum", "whisperfleet_job_stage_seconds_count",
+           "whisperfleet_engine_busy_seconds_total")  # fmt: skip
 JOB_BUCKET = "bench-jobs"
 ARCHIVE = "bench-archive"
 MB = 2**20
@@ -128,6 +134,7 @@ class Stack:
     def __init__(self, args: argparse.Namespace, log_dir: Path):
         self.args, self.log_dir = args, log_dir
         self.procs: list[tuple[str, subprocess.Popen, float]] = []
+        self.metrics_ports: list[int] = []
         self.owned_db = False
         self.redis_url = args.redis_url
         self.s3_port = free_port()
@@ -238,7 +245,26 @@ class Stack:
         argv += ["--concurrency", str(self.args.concurrency)]
         if getattr(self.args, "split", False):  # the first for interactive jobs alone
             argv += ["--queues", "interactive" if index == 0 else BULK]
-        return self.start(f"worker-{index}", argv, grace=20)
+        port = free_port()  # its metrics, scraped around each phase
+        self.metrics_ports.append(port)
+        env = {**self.env, "WHISPERFLEET_METRICS_PORT": str(port)}
+        return self.start(f"worker-{index}", argv, env, grace=20)
+
+    def scrape(self) -> dict[tuple, float]:
+        """The workers' job stage and engine busy metrics, summed over the workers."""
+        totals: dict[tuple, float] = {}
+        for port in self.metrics_ports:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name.startswith(SCRAPED):
+                        key = (
+                            sample.name,
+                            sample.labels.get("stage"),
+                            sample.labels.get("priority"),
+                        )
+                        totals[key] = totals.get(key, 0.0) + sample.value
+        return totals
 
     def scanner(self, name: str, **env: str) -> subprocess.Popen:
         proc = self.start(
@@ -427,7 +453,9 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     if args.split:  # the bulk workers, warmed as well
         Phase(str(api.base_url), clips, warmup, 0.0, "warm-up", BULK).run(args.timeout, stack.check)
     idle = Phase(str(api.base_url), clips, args.jobs, args.interval, "idle fleet")
+    scraped, start = stack.scrape(), time.monotonic()
     idle.run(args.timeout, stack.check)
+    idle_stages = stage_deltas(scraped, stack.scrape(), time.monotonic() - start)
 
     reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/calls/"})
     reply.raise_for_status()
@@ -441,7 +469,7 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
 
     # the fleet is busy with the backfill once its first jobs have ended
     _until(lambda: ended(backfill()) >= args.workers, "the backfill's first jobs", 300, stack.check)
-    before, t0 = backfill(), time.monotonic()
+    before, t0, scraped = backfill(), time.monotonic(), stack.scrape()
     busy = Phase(str(api.base_url), clips, args.jobs, args.interval, "backfill running")
     spy = py_spy(args.py_spy, stack.pid("worker-0"), args.jobs * args.interval)
     busy.run(args.timeout, stack.check)
@@ -451,6 +479,7 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
         print(f"py-spy failed ({spy.returncode}): no GIL profile", file=sys.stderr)
     after, t1 = backfill(), time.monotonic()
     seconds = t1 - t0
+    busy_stages = stage_deltas(scraped, stack.scrape(), seconds)
     files_s = (ended(after) - ended(before)) / seconds
     audio_s = (after["audio_hours"] - before["audio_hours"]) * 3600 / seconds
     api.delete(f"/v1/backfills/{backfill_id}")
@@ -473,8 +502,44 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     print(busy.row(f"| {files_s:.2f} | {audio_s:.1f} |"))
     ratio = percentile(busy.latencies, 95) / percentile(idle.latencies, 95)
     print(f"\np95(backfill) / p95(idle): {ratio:.2f}")
+    print(
+        "\nWhere a job's time went (the workers' `whisperfleet_job_stage_seconds`, mean ms per "
+        "job over each phase; engine busy: `whisperfleet_engine_busy_seconds` over the phase, "
+        "summed over the workers)\n"
+    )
+    print("| stage | interactive, idle | interactive, backfill running | bulk, backfill running |")
+    print("|---|---|---|---|")
+    for stage in STAGES:
+        cells = [
+            idle_stages.get((stage, "interactive")),
+            busy_stages.get((stage, "interactive")),
+            busy_stages.get((stage, BULK)),
+        ]
+        print(
+            f"| {stage} | "
+            + " | ".join("" if c is None else f"{c * 1000:.1f}" for c in cells)
+            + " |"
+        )
+    print(f"| engine busy | {idle_stages['busy']:.0%} | {busy_stages['busy']:.0%} | |")
     if not still:
         print("WARNING: the backfill ran out during the second phase; raise --backfill-files")
+
+
+def stage_deltas(before: dict, after: dict, seconds: float) -> dict:
+    """Mean seconds per job of each (stage, priority) between two scrapes, and the engine's
+    busy share of `seconds` ("busy")."""
+    means = {}
+    for stage in STAGES:
+        for priority in QUEUES:
+            key = (stage, priority)
+            count = "whisperfleet_job_stage_seconds_count", *key
+            total = "whisperfleet_job_stage_seconds_sum", *key
+            n = after.get(count, 0.0) - before.get(count, 0.0)
+            if n:
+                means[key] = (after.get(total, 0.0) - before.get(total, 0.0)) / n
+    busy = ("whisperfleet_engine_busy_seconds_total", None, None)
+    means["busy"] = (after.get(busy, 0.0) - before.get(busy, 0.0)) / seconds
+    return means
 
 
 def py_spy(path: str | None, pid: int | None, seconds: float) -> subprocess.Popen | None:

@@ -165,8 +165,9 @@ class Batcher:
                     for t in ready:
                         stream.submit(t, t.item, t.options, urgent=t.urgent, progress=t._progress)
                 if stream.busy:
-                    before = stream.stats
+                    before, start = stream.stats, time.perf_counter()
                     finished = stream.step()
+                    metrics.ENGINE_BUSY.inc(time.perf_counter() - start)
                     self._count(stream.stats - before)
                     for f in finished:
                         metrics.AUDIO_SECONDS.inc(f.transcription.duration)

@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
+from worker import metrics
 from worker.batching import Batcher, Cancelled, DeviceFaultHandler, EngineFailed, Ticket
 from worker.contract.options import SEED_LIMIT, JobOptions
 from worker.contract.results import TranscriptResult
@@ -176,12 +177,19 @@ class Engines:
         batcher = self._batcher(name)
         stream = batcher.stream
         checked = stream.check(engine_options(options, data))
+        priority = "interactive" if urgent else "bulk"
         while True:
-            ticket = batcher.submit(stream.prepare(data), checked, urgent)
+            with metrics.stage("decode", priority):
+                prepared = stream.prepare(data)
+            ticket = batcher.submit(prepared, checked, urgent)
             try:
                 while True:
                     try:
-                        return transcript(ticket.future.result(timeout=wait_s), options)
+                        transcription = ticket.future.result(timeout=wait_s)
+                        metrics.JOB_STAGE.labels("engine", priority).observe(
+                            time.monotonic() - ticket.arrived
+                        )
+                        return transcript(transcription, options)
                     except FutureTimeout:
                         if on_wait and on_wait(ticket):
                             raise Cancelled("the job was cancelled") from None

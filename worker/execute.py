@@ -15,6 +15,7 @@ import redis
 from botocore.exceptions import BotoCoreError, ClientError
 
 from engine import AudioError, InputTooLong, OptionsError, SpectrogramError
+from worker import metrics
 from worker.batching import Cancelled, EngineFailed, Ticket
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobRecord, JobStatus, JobStore, Progress
@@ -118,7 +119,8 @@ def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engin
 
     try:
         bucket, key = record.input_location
-        data = storage.get(key, bucket)
+        with metrics.stage("fetch", record.priority):
+            data = storage.get(key, bucket)
         result = engines.transcribe(
             record.model,
             data,
@@ -144,7 +146,9 @@ def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engin
     if was_cancelled(store, record.id):  # in the last look's half second
         raise JobCancelled(record.id)
     body = WRITERS["json"].render(result).encode()  # the json format is the stored object
-    if not storage.put_once(record.result_key, body, "application/json"):
+    with metrics.stage("store", record.priority):
+        first = storage.put_once(record.result_key, body, "application/json")
+    if not first:
         log.info("job %s: a result was stored by an earlier run; keeping it", record.id)
     failpoint("after_result")
     # Cancelled after the look above: the API may have deleted the job's objects before the

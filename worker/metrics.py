@@ -8,6 +8,9 @@ terminal, the jobs this worker runs and GPU memory are read when Prometheus scra
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 from prometheus_client import Counter, Histogram, start_http_server
@@ -33,6 +36,28 @@ WINDOWS = Counter("whisperfleet_windows_encoded", "30 s windows encoded")
 AUDIO_SECONDS = Counter(
     "whisperfleet_audio_seconds", "Seconds of audio transcribed (rate: audio seconds per second)"
 )
+ENGINE_BUSY = Counter(
+    "whisperfleet_engine_busy_seconds",
+    "Seconds a batcher spent in engine steps, with windows decoding (rate: the busy fraction)",
+)
+JOB_STAGE = Histogram(
+    "whisperfleet_job_stage_seconds",
+    "Where a job's time goes: queue (accepted to started, first attempt), fetch (its input "
+    "read from storage), decode (audio to samples), engine (handed to the batcher to its "
+    "result), store (its result written)",
+    ["stage", "priority"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+)
+
+
+@contextmanager
+def stage(name: str, priority: str) -> Iterator[None]:
+    """Time one stage of a job (`JOB_STAGE`), also when it raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        JOB_STAGE.labels(name, priority).observe(time.perf_counter() - start)
 
 
 class _Scraped(Collector):

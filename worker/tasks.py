@@ -52,7 +52,7 @@ from worker.execute import (
 from worker.failpoints import failpoint
 from worker.leases import Leases, expired, poison
 from worker.logs import current_job
-from worker.metrics import JOBS
+from worker.metrics import JOB_STAGE, JOBS
 from worker.quarantine import Died, Quarantine, Unavailable
 from worker.storage import Storage
 from worker.webhooks import notify
@@ -201,6 +201,9 @@ class JobTask(Task):
             return None
         lane = " in quarantine" if record.quarantined else ""
         log.info("job %s started%s (attempt %d)", record.id, lane, record.attempts)
+        if record.attempts == 1:  # accepted to started; a retry's wait is not the queue's
+            waited = (record.started_at - record.created_at).total_seconds()
+            JOB_STAGE.labels("queue", record.priority).observe(waited)
         return record
 
     def cancelled(self, record: JobRecord) -> None:

@@ -1,13 +1,19 @@
-"""The worker's metrics listen where they are told: this host only by default."""
+"""The worker's metrics listen where they are told (this host only by default), and tell
+where a job's time went."""
 
 import httpx
 import psutil
 import redis
+from prometheus_client import REGISTRY
 
 from tests.conftest import free_port
 from worker import metrics
-from worker.contract.jobs import JobStore
+from worker.contract.jobs import JobInput, JobRecord, JobStore, new_job_id
 from worker.contract.settings import Settings
+from worker.engines import Engines
+from worker.execute import execute
+from worker.storage import Storage
+from worker.tasks import transcribe
 
 
 def test_metrics_listen_on_the_metrics_host_only(settings):
@@ -21,3 +27,38 @@ def test_metrics_listen_on_the_metrics_host_only(settings):
     }
     assert listening == {"127.0.0.1"}
     assert "whisperfleet_queue_depth" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+
+def samples(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_jobs_time_is_told_by_stage_and_the_engine_by_its_busy_seconds(
+    settings, clips, monkeypatch
+):
+    """Each stage of a real job on tiny.en is observed once, under its priority; the engine's
+    steps count as busy time."""
+    store, storage = JobStore(redis.Redis.from_url(settings.redis_url)), Storage(settings)
+    storage.ensure_bucket()
+    audio = clips["en_jfk"].bytes
+    record = JobRecord(
+        id=new_job_id(),
+        model="tiny.en",
+        priority="bulk",
+        input=JobInput(kind="audio", bytes=len(audio), format="flac"),
+    )
+    storage.put_once(record.input_key, audio, "audio/flac")
+    store.create(record)
+    stages = ("queue", "fetch", "decode", "engine", "store")
+    count = "whisperfleet_job_stage_seconds_count"
+    before = {s: samples(count, stage=s, priority="bulk") for s in stages}
+    busy = samples("whisperfleet_engine_busy_seconds_total")
+
+    monkeypatch.setitem(transcribe.__dict__, "store", store)
+    running = transcribe.start(record)
+    execute(running, store, storage, Engines(settings))
+    after = {s: samples(count, stage=s, priority="bulk") for s in stages}
+    assert {s: after[s] - before[s] for s in stages} == dict.fromkeys(stages, 1.0)
+    assert samples("whisperfleet_engine_busy_seconds_total") > busy
+    engine = samples("whisperfleet_job_stage_seconds_sum", stage="engine", priority="bulk")
+    assert engine > 0
