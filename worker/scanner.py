@@ -13,10 +13,10 @@ once the lock lapses:
 - The scan. A page of the listing after the run's cursor: keys the patterns leave out are
   counted, each other object's job id is derived (`object_job_id`) and looked up; an object
   whose job exists or ended is skipped (an earlier run, another backfill, or this step before
-  a crash made it), a new one is inspected (its first bytes, the checks an upload gets) and made, as
-  `failed` at once if the inspection refuses it. The cursor and the page's counts then move in
-  one transaction. A crash mid-page repeats the page: the jobs it made are found, not made
-  twice.
+  a crash made it), a new one is inspected (its first bytes, the checks an upload gets) and
+  made, as `failed` at once if the inspection refuses it. The cursor and the page's counts
+  then move in one transaction. A crash mid-page repeats the page: the jobs it made are
+  found, not made twice.
 - Backpressure. Jobs are made only while fewer than BACKFILL_QUEUE_BOUND messages wait in
   `bulk`, the room shared between the backfills scanning, the least recently served first: a
   small backfill started after a huge one gets its share at the next step.
