@@ -13,6 +13,7 @@ import uuid
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.tools.wer import word_error_rate
 from tests.conftest import free_port, stop, wait_for_port
@@ -110,6 +111,17 @@ def test_the_worker_serves_prometheus_metrics(api_url, stack_env, clips):
     assert values['whisperfleet_engine_seconds_total{phase="decoder"}'] > 0
     assert values['whisperfleet_queue_depth{queue="interactive"}'] == 0
     assert values["whisperfleet_active_jobs"] >= 0 and values["whisperfleet_running_jobs"] == 0
+    stages = {
+        sample.labels["stage"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "whisperfleet_job_stage_seconds_count"
+        and sample.labels["priority"] == "interactive"
+    }
+    assert min(stages.get(s, 0) for s in ("queue", "fetch", "decode", "engine", "store")) >= 1
+    assert values["whisperfleet_engine_busy_seconds_total"] > 0
+    ready = httpx.get(f"http://127.0.0.1:{port}/ready")  # it took a job: it is ready
+    assert (ready.status_code, ready.json()) == (200, {"ready": True})
 
 
 def _truncated_flac(clip) -> bytes:

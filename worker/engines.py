@@ -21,6 +21,7 @@ import torch
 from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
 from worker import metrics
 from worker.batching import Batcher, Cancelled, DeviceFaultHandler, EngineFailed, Ticket
+from worker.contract.jobs import QUEUES
 from worker.contract.options import SEED_LIMIT, JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
@@ -177,7 +178,7 @@ class Engines:
         batcher = self._batcher(name)
         stream = batcher.stream
         checked = stream.check(engine_options(options, data))
-        priority = "interactive" if urgent else "bulk"
+        priority = QUEUES[0] if urgent else QUEUES[-1]  # the metrics' label
         while True:
             with metrics.stage("decode", priority):
                 prepared = stream.prepare(data)

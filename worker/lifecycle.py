@@ -7,7 +7,8 @@ as `whisperfleet worker`:
 - the heartbeat that renews the lease of every job the process runs;
 - the reconciler that takes over the jobs of workers that died (and ends those whose result is
   stored or whose age ran out), and deletes job inputs no record claims (`worker.orphans`);
-- Prometheus metrics on `WHISPERFLEET_METRICS_PORT`;
+- Prometheus metrics on `WHISPERFLEET_METRICS_PORT`, and `/ready` there (200 once it takes
+  jobs);
 - a fault of the GPU itself ends the process (exit 70): its CUDA context cannot be trusted,
   a supervisor starts a new one, and the jobs in flight are taken over by lease.
 """
@@ -50,9 +51,13 @@ def _configure_logging(**_: object) -> None:
 
 @worker_init.connect
 def _start(**_: object) -> None:
-    """Before the worker consumes: load the default model, then start the threads."""
+    """Before the worker consumes: metrics (`/ready` says 503 meanwhile), the default model
+    loaded, the threads started; then it is ready."""
     settings = get_settings()
     logs.configure(settings.log_format)  # Celery sets its logging up only after this signal
+    metrics.serve(
+        settings.metrics_host, settings.metrics_port, transcribe.store, transcribe.leases.held
+    )
     transcribe.engines.on_device_fault = exit_on_device_fault
     transcribe.engines.get(settings.default_model)
 
@@ -69,17 +74,16 @@ def _start(**_: object) -> None:
         settings.max_job_age_s,
         OrphanSweeper(transcribe.storage, transcribe.store, settings.orphan_sweep_s),
     )
-    metrics.serve(
-        settings.metrics_host, settings.metrics_port, transcribe.store, transcribe.leases.held
-    )
     threading.Thread(
         target=reconciler.loop, args=(settings.reconcile_every_s, _stop), daemon=True
     ).start()
     threading.Thread(
         target=transcribe.leases.heartbeat, args=(transcribe.engines.healthy, _stop), daemon=True
     ).start()
+    metrics.READY.set()
 
 
 @worker_shutdown.connect
 def _stop_threads(**_: object) -> None:
+    metrics.READY.clear()
     _stop.set()

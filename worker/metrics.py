@@ -2,25 +2,34 @@
 and `WHISPERFLEET_METRICS_PORT` (0: off).
 
 Counters and histograms are updated where things happen; queue depths, the jobs not yet
-terminal, the jobs this worker runs and GPU memory are read when Prometheus scrapes.
+terminal, the jobs this worker runs and GPU memory are read when Prometheus scrapes. `/ready`
+on the same port answers 200 once the worker takes jobs, 503 before (loading its model) and
+after (stopping).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import redis
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram, make_wsgi_app
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from worker.contract.jobs import QUEUES, JobStore
 
 log = logging.getLogger(__name__)
 
+# Set once the worker takes jobs (its default model loaded), cleared as it stops: `/ready`
+READY = threading.Event()
 JOBS = Counter("whisperfleet_jobs", "Jobs this worker ended or handed on", ["outcome"])
 BATCH = Histogram(
     "whisperfleet_batch_inputs",
@@ -90,13 +99,39 @@ class _Scraped(Collector):
             yield memory
 
 
+def _with_ready(metrics_app):
+    """The metrics, and `/ready`: 200 once the worker takes jobs (READY), else 503."""
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != "/ready":
+            return metrics_app(environ, start_response)
+        ready = READY.is_set()
+        body = json.dumps({"ready": ready}).encode()
+        status = "200 OK" if ready else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "application/json")])
+        return [body]
+
+    return app
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # scrapes are not news
+        pass
+
+
 def serve(host: str, port: int, store: JobStore, held: set[str]) -> None:
-    """held: the ids of the jobs whose lease this worker holds."""
+    """Serve `/metrics` and `/ready` from a thread; held: the ids of the jobs whose lease
+    this worker holds."""
     if not port:
         return
     REGISTRY.register(_Scraped(store, held))
     try:
-        start_http_server(port, addr=host)
-        log.info("metrics on http://%s:%d/metrics", host, port)
+        family = socket.getaddrinfo(host, port)[0][0]  # an IPv6 host too
+        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        app = _with_ready(make_wsgi_app(REGISTRY))
+        server = make_server(host, port, app, server_class, handler_class=_Quiet)
     except OSError as e:  # another worker on this host has the port: run without
         log.warning("metrics: port %d unavailable (%s); not serving metrics", port, e)
+        return
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    log.info("metrics on http://%s:%d/metrics, readiness on /ready", host, port)

@@ -3,6 +3,7 @@ where a job's time went."""
 
 import httpx
 import psutil
+import pytest
 import redis
 from prometheus_client import REGISTRY
 
@@ -16,17 +17,36 @@ from worker.storage import Storage
 from worker.tasks import transcribe
 
 
-def test_metrics_listen_on_the_metrics_host_only(settings):
-    assert Settings().metrics_host == "127.0.0.1"
+@pytest.fixture(scope="module")
+def served() -> int:
+    """The metrics server of this process (one per process, as in a worker): its port."""
     port = free_port()
-    metrics.serve("127.0.0.1", port, JobStore(redis.Redis.from_url(settings.redis_url)), set())
+    store = JobStore(redis.Redis.from_url(Settings().redis_url))
+    metrics.serve("127.0.0.1", port, store, set())
+    return port
+
+
+def test_metrics_listen_on_the_metrics_host_only(served):
+    assert Settings().metrics_host == "127.0.0.1"
     listening = {
         c.laddr.ip
         for c in psutil.Process().net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == served
     }
     assert listening == {"127.0.0.1"}
-    assert "whisperfleet_queue_depth" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert "whisperfleet_queue_depth" in httpx.get(f"http://127.0.0.1:{served}/metrics").text
+
+
+def test_ready_says_whether_the_worker_takes_jobs(served):
+    metrics.READY.clear()
+    loading = httpx.get(f"http://127.0.0.1:{served}/ready")
+    assert (loading.status_code, loading.json()) == (503, {"ready": False})
+    metrics.READY.set()
+    try:
+        ready = httpx.get(f"http://127.0.0.1:{served}/ready")
+        assert (ready.status_code, ready.json()) == (200, {"ready": True})
+    finally:
+        metrics.READY.clear()
 
 
 def samples(name: str, **labels: str) -> float:
