@@ -3,6 +3,7 @@ the scanner costs to walk a large listing.
 
     python scripts/backfill_bench.py latency [--jobs 40] [--interval 2] [--backfill-files 400]
         [--workers 1] [--concurrency 8] [--warmup-jobs 0] [--device cpu] [--audio-dir DIR]
+        [--split] [--py-spy PATH]
     python scripts/backfill_bench.py throughput [--backfill-files 2010] [--engine-runs 2]
         [--warmup-jobs 256] [--device cuda] [--audio-dir DIR]
     python scripts/backfill_bench.py scan [--keys 100000] [--bound 1000] [--stall-s 30]
@@ -24,8 +25,10 @@ its `started_at` (waiting for a worker's job slot). First on an idle fleet, then
 backfill (`POST /v1/backfills`) of `--backfill-files` copies of the same clips under
 `s3://bench-archive/calls/` runs on the same workers; its files/s and audio s/s are the deltas
 of `GET /v1/backfills/{id}` over the second phase. The backfill is cancelled at the end.
-Why: a backfill's jobs wait in `bulk`, behind interactive work, but they hold the workers'
-job slots and share the engine's batches; this measures what that costs. Each worker's metrics are
+With `--split` the first worker takes interactive jobs alone (`--queues interactive`), the
+others bulk ones. Why: a backfill's jobs wait in `bulk`, behind interactive work, but they
+hold the workers' job slots and share the engine's batches and the storage server; this
+measures what that costs. Each worker's metrics are
 scraped before and after each phase: the mean time per job of each stage (queue, fetch,
 decode, engine, store) by priority, and the engine's busy share. `--py-spy PATH` samples
 the first worker with py-spy (on PATH) through the second phase, threads holding the GIL only,
