@@ -322,6 +322,7 @@ class BackfillStore:
     def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
         self.redis, self.prefix = client, prefix
         self.active = f"{prefix}:backfills:active"
+        self.lock_key = f"{prefix}:backfills:scanner"
 
     def key(self, backfill_id: str, part: str = "") -> str:
         return backfill_key(self.prefix, backfill_id, part)
@@ -481,15 +482,14 @@ class BackfillStore:
 
     def lock(self, token: str, ttl_s: float) -> bool:
         """Take (or, held by `token`, renew) the scanners' lock for `ttl_s`."""
-        key = f"{self.prefix}:backfills:scanner"
-        if self.redis.set(key, token, nx=True, px=int(ttl_s * 1000)):
+        if self.redis.set(self.lock_key, token, nx=True, px=int(ttl_s * 1000)):
             return True
-        return bool(self._renew(keys=[key], args=[token, int(ttl_s * 1000)]))
+        return bool(self._renew(keys=[self.lock_key], args=[token, int(ttl_s * 1000)]))
 
     def unlock(self, token: str) -> None:
         """Let go of the scanners' lock, if `token` holds it: a scanner stopping cleanly hands
         over at once rather than when the lock lapses."""
-        self._release(keys=[f"{self.prefix}:backfills:scanner"], args=[token])
+        self._release(keys=[self.lock_key], args=[token])
 
     @property
     def _renew(self):

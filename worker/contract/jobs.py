@@ -248,7 +248,7 @@ class JobStore:
             pipe.srem(self._inflight(record.tenant), record.id)
             if record.backfill is not None:  # its object is done again by a later run
                 pipe.srem(backfill_key(self.prefix, record.backfill.id, "inflight"), record.id)
-                pipe.hdel(self._ended_key(record.id), record.id[ENDED_BUCKET:])
+                pipe.hdel(*self._ended_mark(record.id))
             pipe.execute()
 
     def in_flight(self, tenant: str) -> int:
@@ -260,8 +260,9 @@ class JobStore:
         finds it gone); `client`: a pipeline to queue it on."""
         (client or self.redis).expire(self._key(job_id), max(1, int(after_s)))
 
-    def _ended_key(self, job_id: str) -> str:
-        return f"{self.prefix}:ended:{job_id[:ENDED_BUCKET]}"
+    def _ended_mark(self, job_id: str) -> tuple[str, str]:
+        """Where a backfill job's end is marked: its hash and field."""
+        return f"{self.prefix}:ended:{job_id[:ENDED_BUCKET]}", job_id[ENDED_BUCKET:]
 
     def ended(self, job_ids: list[str]) -> list[bool]:
         """Whether each of these backfill jobs succeeded or failed, its record kept or not (a
@@ -270,7 +271,7 @@ class JobStore:
         makes its job again."""
         with self.redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
-                pipe.hexists(self._ended_key(job_id), job_id[ENDED_BUCKET:])
+                pipe.hexists(*self._ended_mark(job_id))
             return [bool(found) for found in pipe.execute()]
 
     def page(
@@ -390,7 +391,7 @@ class JobStore:
         counts = backfill_key(self.prefix, ref.id, "counts")
         status = str(record.status)
         if record.status in (JobStatus.succeeded, JobStatus.failed):  # not to be done again
-            pipe.hset(self._ended_key(record.id), record.id[ENDED_BUCKET:], status[0])
+            pipe.hset(*self._ended_mark(record.id), status[0])
         pipe.srem(backfill_key(self.prefix, ref.id, "inflight"), record.id)
         pipe.hincrby(counts, status, 1)
         pipe.hincrby(counts, f"run:{ref.run}:ended", 1)
