@@ -8,7 +8,7 @@ command line, the bench and the scripts build one and hold only the stream.
 
 from __future__ import annotations
 
-import io
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -21,12 +21,12 @@ from engine.decoding import PROMPT_BASE, DecodingRules
 from engine.inputs import (
     MAX_AUDIO_S,
     Prepared,
-    SpectrogramError,
     open_audio,
+    read_input,
     spectrogram_source,
 )
 from engine.kernels import triton_installed
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel, default_cache_dir, load_model
 from engine.longform import REQUESTS
 from engine.options import OptionsError, TranscriptionOptions
 from engine.runner import Runner
@@ -56,7 +56,9 @@ class EngineConfig:
     name: str | None = None  # what results call the model (default: `model`)
     device: str = "auto"  # auto: CUDA if present; or cpu, cuda, cuda:1, ...
     dtype: Dtype = "auto"  # auto: fp16 on CUDA, fp32 elsewhere
-    cache_dir: Path | None = None  # converted weights (default: ~/.cache/whisperfleet)
+    # converted weights, and compiled kernels in triton/ unless TRITON_CACHE_DIR says
+    # otherwise (default: ~/.cache/whisperfleet): a restart finds both there
+    cache_dir: Path | None = None
 
     # The pool of decoding slots (windows decoded at once): `slots` of them, else as many as
     # `slot_memory_bytes` of cache holds (default: half the free GPU memory; 16 on the CPU),
@@ -93,6 +95,8 @@ class Engine:
 
     def __init__(self, config: EngineConfig):
         self.config = config
+        cache = config.cache_dir or default_cache_dir()
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))  # read at compile time
         device = None if config.device == "auto" else config.device
         dtype = DTYPES.get(config.dtype)
         self.loaded: LoadedModel = load_model(
@@ -154,17 +158,11 @@ class Engine:
         raises AudioError or SpectrogramError (InputTooLong, a kind of both, past
         `max_audio_s`). Clips of up to 30 s come back as samples, to get their log-mel together
         when they join a stream."""
-        m = self.loaded
-        if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
-            try:
-                item = np.load(io.BytesIO(item), allow_pickle=False)
-            except ValueError as e:  # numpy's words may quote the header back: keep to ours
-                raise SpectrogramError("not a readable .npy array (header or data damaged)") from e
-        max_s = self.config.max_audio_s
-        if isinstance(item, np.ndarray) and item.ndim >= 2:
-            return spectrogram_source(item, m.dims.n_mels, m.device, max_s)
-        audio = Audio(item) if isinstance(item, bytes) else item
-        return open_audio(audio, m.dims.n_mels, m.device, max_s)
+        m, max_s = self.loaded, self.config.max_audio_s
+        host = read_input(item, max_s)
+        if isinstance(host, np.ndarray) and host.ndim >= 2:
+            return spectrogram_source(host, m.dims.n_mels, m.device, max_s)
+        return open_audio(host, m.dims.n_mels, m.device, max_s)
 
     def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
         """Check options against the model and the stream's rules before any work."""

@@ -9,6 +9,7 @@ a few windows of frames are held at any time.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterator, Sequence
 
@@ -141,6 +142,49 @@ class _StreamedMel(MelSource):
         return _padded(self._held if self._start == seek else self._held[:, :0], self.floor)
 
 
+# an input read on the host, before any device work: the samples of up to 30 s of audio
+# (1-D), a spectrogram array (2-D or 3-D), or longer audio still encoded (decoded as it is
+# streamed, by `open_audio`)
+Host = np.ndarray | Audio
+
+
+def read_input(item: bytes | np.ndarray | Audio, max_s: float = MAX_AUDIO_S) -> Host:
+    """The host's part of reading an input, which a process without the model can do (a
+    worker's job threads, many at once): a .npy file loaded, audio of up to 30 s decoded to
+    16 kHz samples; longer audio only probed and checked against `max_s`, left encoded so
+    that it is never held decoded whole. Raises AudioError or SpectrogramError."""
+    if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
+        try:
+            return np.load(io.BytesIO(item), allow_pickle=False)
+        except ValueError as e:  # numpy's words may quote the header back: keep to ours
+            raise SpectrogramError("not a readable .npy array (header or data damaged)") from e
+    if isinstance(item, np.ndarray):
+        return item
+    audio = Audio(item) if isinstance(item, bytes) else item
+    clip = _clip(audio, max_s)
+    return audio if clip is None else clip
+
+
+def _clip(audio: Audio, max_s: float) -> np.ndarray | None:
+    """The samples of audio of up to 30 s; None for longer audio. Which one is found by
+    decoding at most 30 s (files do not always say how long they are). Audio longer than
+    `max_s` seconds is refused (AudioTooLong): from the length a file declares, else while it
+    is decoded."""
+    info = audio.info
+    if info.frames and info.frames > max_s * info.sample_rate:
+        seconds = info.frames / info.sample_rate
+        raise AudioTooLong(
+            f"the {info.format} file declares {seconds:.1f} s; expected at most {max_s:g} s"
+        )
+    blocks, n = [], 0
+    for block in _within_limit(audio.blocks(), max_s, info.format):
+        blocks.append(block)
+        n += len(block)
+        if n > N_SAMPLES:
+            return None
+    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+
+
 def open_audio(
     audio: Audio | np.ndarray, n_mels: int, device: torch.device, max_s: float = MAX_AUDIO_S
 ) -> Prepared:
@@ -156,19 +200,8 @@ def open_audio(
         if len(audio) <= N_SAMPLES:
             return audio
         return _StreamedMel(_SamplesAsAudio(audio), n_mels, device, max_s)
-    info = audio.info
-    if info.frames and info.frames > max_s * info.sample_rate:
-        seconds = info.frames / info.sample_rate
-        raise AudioTooLong(
-            f"the {info.format} file declares {seconds:.1f} s; expected at most {max_s:g} s"
-        )
-    blocks, n = [], 0
-    for block in _within_limit(audio.blocks(), max_s, info.format):
-        blocks.append(block)
-        n += len(block)
-        if n > N_SAMPLES:
-            return _StreamedMel(audio, n_mels, device, max_s)
-    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+    clip = _clip(audio, max_s)
+    return _StreamedMel(audio, n_mels, device, max_s) if clip is None else clip
 
 
 def sources(prepared: Sequence[Prepared], n_mels: int, device: torch.device) -> list[MelSource]:

@@ -102,9 +102,13 @@ class Runner:
         self.mel_in = torch.zeros(
             encoder_batch, d.n_mels, N_FRAMES, device=device, dtype=loaded.dtype
         )
-        self.xa_out: torch.Tensor | None = None
+        self.xa_out = torch.zeros(
+            encoder_batch, d.n_audio_ctx, d.n_audio_state, device=device, dtype=loaded.dtype
+        )
         self._pool = None
-        self._step_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]] = {}
+        self._capture_stream: torch.cuda.Stream | None = None
+        self._step_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # the forward, by shape
+        self._commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by rows
         self._encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._launched: int | None = None  # live rows the launched steps decode
 
@@ -147,31 +151,87 @@ class Runner:
     def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
         """Capture `fn` into a graph sharing one memory pool.
 
-        The warm-up runs that capture needs really execute; the decode state they advance is
+        The warm-up run that capture needs really executes; the decode state they advance is
         put back afterwards, so capturing mid-stream changes no sequence. Other threads may use
         the GPU meanwhile (a worker's job threads take a first pass over long audio there), so
         only this thread's own unsafe calls may break the capture ("thread_local").
         """
         state = self.slots.state.tensors()
         saved = [t.clone() for t in state]
-        stream = torch.cuda.Stream()
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream()
+        stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            fn()
+        # torch.cuda.graph() would also empty the allocator's cache before each capture: the
+        # next warm-up then allocates from the device again, which made capturing every
+        # shape at start take seconds
+        with torch.cuda.stream(stream):
+            fn()  # the warm-up: lazy initialisation, kernel compiles
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                fn()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
         self._pool = graph.pool()
         for t, s in zip(state, saved, strict=True):
             t.copy_(s)
         return graph
 
+    def step_shapes(self) -> list[tuple[int, int, bool, bool]]:
+        """Every decode step shape `launch` can ask for: (rows bucket, keys bucket, timestamps,
+        sampling)."""
+        n_slots, text_ctx = self.slots.n_slots, self.slots.text_ctx
+        rows = sorted({bucket(n, DECODE_BUCKETS, n_slots) for n in range(1, n_slots + 1)})
+        keys = sorted({key_bucket(k, text_ctx) for k in range(1, text_ctx + 1)})
+        flags = (False, True)
+        return [(b, k, t, s) for b in rows for k in keys for t in flags for s in flags]
+
+    @torch.inference_mode()
+    def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Capture every graph this pool can replay (encoder batches and decode steps), so that
+        no request waits for a capture or a kernel compile; return how many. progress: (done,
+        in all). Without graphs, nothing to do."""
+        if not self.graphs:
+            return 0
+        self._between_steps("capture")
+        sizes = sorted(
+            {
+                bucket(n, ENCODER_BUCKETS, self.encoder_batch)
+                for n in range(1, self.encoder_batch + 1)
+            }
+        )
+        shapes = self.step_shapes()
+        total, done = len(sizes) + len(shapes), 0
+        for size in sizes:
+            self._encoder_graph(size)
+            done += 1
+            if progress:
+                progress(done, total)
+        for shape in shapes:
+            self._step_graph(shape)
+            done += 1
+            if progress:
+                progress(done, total)
+        return len(self._encoder_graphs) + len(self._step_graphs) + len(self._commit_graphs)
+
+    def _step_graph(self, key: tuple[int, int, bool, bool]) -> None:
+        if key not in self._step_graphs:
+            self._step_graphs[key] = self._graph(lambda: self._forward(*key))
+        b = key[0]
+        if b not in self._commit_graphs:
+            self._commit_graphs[b] = self._graph(lambda: self._commit(b))
+
     # --- admission ---------------------------------------------------------------------------
 
     def _encode_into(self, n: int) -> None:
         self.xa_out[:n] = self.m.model.encoder(self.mel_in[:n])
+
+    def _encoder_graph(self, size: int) -> torch.cuda.CUDAGraph:
+        if size not in self._encoder_graphs:
+            self._encoder_graphs[size] = self._graph(lambda: self._encode_into(size))
+        return self._encoder_graphs[size]
 
     @torch.inference_mode()
     def encode(self, mels: torch.Tensor) -> slice:
@@ -181,15 +241,9 @@ class Runner:
             free = min(self.slots.free, self.encoder_batch)
             raise ValueError(f"{n} windows, but room for {free}")
         self.mel_in[:n] = mels
-        if self.xa_out is None:
-            d = self.m.dims
-            shape = (self.encoder_batch, d.n_audio_ctx, d.n_audio_state)
-            self.xa_out = torch.zeros(shape, device=self.m.device, dtype=self.m.dtype)
         size = bucket(n, ENCODER_BUCKETS, self.encoder_batch) if self.pad_to_buckets else n
         if self.graphs:
-            if size not in self._encoder_graphs:
-                self._encoder_graphs[size] = self._graph(lambda: self._encode_into(size))
-            self._encoder_graphs[size].replay()
+            self._encoder_graph(size).replay()
         else:
             self._encode_into(size)
         rows = slice(start, start + n)
@@ -345,20 +399,17 @@ class Runner:
             furthest = max(self.slots.next_position) + steps  # keys the last step reads
             n_keys = key_bucket(furthest, self.slots.text_ctx)
         key = (b, n_keys, timestamps, sampling)
-        if self.graphs and key not in self._step_graphs:
-            self._step_graphs[key] = (
-                self._graph(lambda: self._forward(*key)),
-                self._graph(lambda: self._commit(b)),
-            )
+        if self.graphs:
+            self._step_graph(key)
         for _ in range(steps):
             if self.graphs:
-                self._step_graphs[key][0].replay()
+                self._step_graphs[key].replay()
             else:
                 self._forward(*key)
             if sampling:
                 self._draw(sampling_rows)
             if self.graphs:
-                self._step_graphs[key][1].replay()
+                self._commit_graphs[b].replay()
             else:
                 self._commit(b)
         last = self.slots.text_ctx - 1

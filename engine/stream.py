@@ -22,10 +22,12 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from engine.inputs import Prepared, sources
 from engine.longform import REQUESTS, Request, Window
+from engine.mel import SAMPLE_RATE
 from engine.options import TranscriptionOptions
 from engine.result import Transcription
 from engine.runner import Runner
@@ -226,6 +228,19 @@ class Stream:
             self.reset()
             raise
         return [results[i] for i in range(len(items))]
+
+    def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Pay every first-time cost before the first input does: capture each graph the pool
+        can replay (on CUDA: every encoder batch and decode step shape), then run a second of
+        silence through every phase outside them (log-mel, encoder, language detection,
+        prefill), which loads their kernels. Returns the graphs captured; progress: (graphs
+        done, in all)."""
+        if self.busy:
+            raise RuntimeError("warm() needs an idle stream; this one has inputs in it")
+        captured = self._runner.capture(progress)
+        self.transcribe([np.zeros(SAMPLE_RATE, np.float32)])
+        self.stats = StreamStats()  # what it has done is for users' inputs only
+        return captured
 
     def _open(self) -> None:
         """Open the new inputs' sources: clips of up to 30 s get their log-mel in one pass."""

@@ -1,7 +1,7 @@
 """Micro-batching: the inputs of many jobs through one engine stream per model.
 
-Celery's threads pool runs each job on a thread of its own: it reads the input, decodes it
-there (CPU work, many at once) and hands it to the model's batcher, then waits. The batcher's
+It runs in the engine core (`worker.core`): each input the worker's job threads send is
+prepared there and handed to its model's batcher, whose result goes back. The batcher's
 one thread owns the stream: it submits the inputs that arrived together once `batch_size` wait
 or the oldest has waited `max_wait_s` (a lone interactive job is held back no longer), and
 steps the stream while any input is in it, handing each result back when its last window is
@@ -39,11 +39,15 @@ class Cancelled(Exception):
 
 class EngineFailed(RuntimeError):
     """The engine failed while this input was in flight; the input itself may be fine.
-    `retry`: whether running it again can succeed (false: out of memory at one slot)."""
+    `retry`: whether running it again can succeed (false: out of memory at one slot);
+    `oom`: it ran out of device memory (the pool was halved: run it again at once)."""
 
-    def __init__(self, message: str, retry: bool):
+    def __init__(self, message: str, retry: bool, oom: bool = False):
         super().__init__(message)
-        self.retry = retry
+        self.retry, self.oom = retry, oom
+
+    def __reduce__(self):  # it crosses from the engine core to the worker
+        return type(self), (self.args[0], self.retry, self.oom)
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,15 @@ class Ticket:
     options: TranscriptionOptions
     urgent: bool
     arrived: float = field(default_factory=time.monotonic)
+    on_progress: Callable[[float, float], None] | None = None
     future: Future[Transcription] = field(default_factory=Future)
     done_s: float = 0.0
     total_s: float | None = None
 
     def _progress(self, done_s: float, total_s: float) -> None:
         self.done_s, self.total_s = done_s, total_s
+        if self.on_progress:
+            self.on_progress(done_s, total_s)
 
 
 class Batcher:
@@ -89,8 +96,15 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, item: Prepared, options: TranscriptionOptions, urgent: bool) -> Ticket:
-        ticket = Ticket(item, options, urgent)
+    def submit(
+        self,
+        item: Prepared,
+        options: TranscriptionOptions,
+        urgent: bool,
+        on_progress: Callable[[float, float], None] | None = None,
+    ) -> Ticket:
+        """Hand an input over; on_progress: (seconds done, in all), called as windows finish."""
+        ticket = Ticket(item, options, urgent, on_progress=on_progress)
         self._inbox.put(ticket)
         return ticket
 
@@ -198,6 +212,7 @@ class Batcher:
             stream.reset()
         for ticket in tickets:
             if not ticket.future.done():
-                failure = EngineFailed(f"the engine failed: {error!r}", retry)
+                oom = isinstance(error, torch.OutOfMemoryError)
+                failure = EngineFailed(f"the engine failed: {error!r}", retry, oom)
                 failure.__cause__ = error
                 ticket.future.set_exception(failure)

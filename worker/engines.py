@@ -1,8 +1,10 @@
-"""The models one worker process serves: each opened on first use with a batcher that runs
-its stream, kept while the memory budget allows, the least recently used dropped first.
+"""The models a worker's engine core serves (`worker.core`): each opened on first use, warmed
+(every graph captured) and given a batcher that runs its stream, kept while the memory budget
+allows, the least recently used dropped first. Also how a job's options become the engine's,
+and its transcription the job's result.
 
-A model loads (and, the first time, converts) outside the lock: job threads of the models
-already loaded go on meanwhile, and those that want the loading one wait for it alone.
+A model loads (and, the first time, converts) outside the lock: inputs of the models already
+loaded go on meanwhile, and those that want the loading one wait for it alone.
 """
 
 from __future__ import annotations
@@ -12,16 +14,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-
-import torch
 
 from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
-from worker import metrics
-from worker.batching import Batcher, Cancelled, DeviceFaultHandler, EngineFailed, Ticket
-from worker.contract.jobs import QUEUES
+from worker.batching import Batcher, DeviceFaultHandler
 from worker.contract.options import SEED_LIMIT, JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
@@ -105,7 +101,8 @@ class Engines:
             max_audio_s=s.max_audio_s,
         )
 
-    def _batcher(self, name: str) -> Batcher:
+    def batcher(self, name: str) -> Batcher:
+        """Model `name`'s batcher, the model opened and warmed if need be."""
         if name not in self.settings.models:
             available = ", ".join(self.settings.models)
             raise UnknownModel(f"unknown model {name!r}; available: {available}")
@@ -132,7 +129,14 @@ class Engines:
         return batcher
 
     def _open(self, name: str) -> Batcher:
+        start = time.monotonic()
         stream = Engine.open(self.config(name))
+        loaded = time.monotonic()
+        graphs = stream.warm()
+        log.info(
+            "model %s ready in %.1f s: loaded in %.1f s, warmed in %.1f s (%d graphs)",
+            name, time.monotonic() - start, loaded - start, time.monotonic() - loaded, graphs,
+        )  # fmt: skip
         s = self.settings
         batch = s.batch_size or stream.engine.encoder_batch
         batcher = Batcher(stream, batch, s.batch_max_wait_ms / 1000, self.on_device_fault)
@@ -150,7 +154,7 @@ class Engines:
 
     def get(self, name: str) -> Stream:
         """Model `name`'s stream, opened if need be (the batcher's thread steps it)."""
-        return self._batcher(name).stream
+        return self.batcher(name).stream
 
     def healthy(self, stall_s: float = 60.0) -> bool:
         """Whether every model's batcher has turned its loop within `stall_s`."""
@@ -160,44 +164,3 @@ class Engines:
     @property
     def loaded(self) -> list[str]:
         return list(self._loaded)
-
-    def transcribe(
-        self,
-        name: str,
-        data: bytes,
-        options: JobOptions,
-        urgent: bool = True,
-        on_wait: Callable[[Ticket], bool | None] | None = None,
-        wait_s: float = 0.5,
-    ) -> TranscriptResult:
-        """Decode `data` on this thread, transcribe it among the other jobs' inputs, and call
-        `on_wait` every `wait_s` seconds meanwhile (to record progress). When it answers True
-        the job was cancelled: its input leaves the stream at the batcher's next turn (its
-        slots freed for the others) and Cancelled is raised. `wait_s` bounds how long a
-        cancelled job keeps its slots, so it is short: the look is one Redis read."""
-        batcher = self._batcher(name)
-        stream = batcher.stream
-        checked = stream.check(engine_options(options, data))
-        priority = QUEUES[0] if urgent else QUEUES[-1]  # the metrics' label
-        while True:
-            with metrics.stage("decode", priority):
-                prepared = stream.prepare(data)
-            ticket = batcher.submit(prepared, checked, urgent)
-            try:
-                while True:
-                    try:
-                        transcription = ticket.future.result(timeout=wait_s)
-                        metrics.JOB_STAGE.labels("engine", priority).observe(
-                            time.monotonic() - ticket.arrived
-                        )
-                        return transcript(transcription, options)
-                    except FutureTimeout:
-                        if on_wait and on_wait(ticket):
-                            raise Cancelled("the job was cancelled") from None
-            except EngineFailed as e:
-                # out of memory: the pool was halved, so run it again (at one slot, it fails)
-                if not (e.retry and isinstance(e.__cause__, torch.OutOfMemoryError)):
-                    raise
-            except BaseException:
-                batcher.cancel(ticket)  # given up on (cancelled, on_wait failed): slots freed
-                raise

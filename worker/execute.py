@@ -16,11 +16,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from engine import AudioError, InputTooLong, OptionsError, SpectrogramError
 from worker import metrics
-from worker.batching import Cancelled, EngineFailed, Ticket
+from worker.batching import Cancelled, EngineFailed
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobRecord, JobStatus, JobStore, Progress
 from worker.contract.results import TranscriptResult
-from worker.engines import Engines, UnknownModel
+from worker.core import Call, EngineCore
+from worker.engines import UnknownModel
 from worker.failpoints import failpoint
 from worker.storage import Storage
 
@@ -96,13 +97,13 @@ def stored_result(storage: Storage, record: JobRecord) -> Stored | None:
     return Stored(duration=duration, result_key=record.result_key)
 
 
-def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engines) -> Stored:
+def execute(record: JobRecord, store: JobStore, storage: Storage, engines: EngineCore) -> Stored:
     """Run a job that has started (its record `running`, its lease held); the task looked for
     a result stored by an earlier run first (`stored_result`)."""
     failpoint("after_start")
     written = time.monotonic()
 
-    def on_wait(ticket: Ticket) -> bool:
+    def on_wait(call: Call) -> bool:
         """Every half second while the engine has the job: whether it was cancelled (one
         read), and every PROGRESS_EVERY_S its progress, written (the heartbeat thread renews
         its lease). Redis being away does not stop the job."""
@@ -111,7 +112,7 @@ def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engin
             if time.monotonic() - written < PROGRESS_EVERY_S:
                 return cancelled(store.get(record.id))
             written = time.monotonic()
-            progress = Progress(done_s=ticket.done_s, total_s=ticket.total_s)
+            progress = Progress(done_s=call.done_s, total_s=call.total_s)
             return cancelled(store.set_progress(record.id, progress))
         except redis.RedisError as e:
             log.warning("job %s: progress not recorded (%s); still running", record.id, e)

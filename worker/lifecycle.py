@@ -9,15 +9,17 @@ as `whisperfleet worker`:
   stored or whose age ran out), and deletes job inputs no record claims (`worker.orphans`);
 - Prometheus metrics on `WHISPERFLEET_METRICS_PORT`, and `/ready` there (200 once it takes
   jobs);
-- a fault of the GPU itself ends the process (exit 70): its CUDA context cannot be trusted,
-  a supervisor starts a new one, and the jobs in flight are taken over by lease.
+- the engine core (`worker.core`), the process that holds the models, stopped with the
+  worker; a fault of the GPU ends the core and the worker with it (exit 70): its CUDA context
+  cannot be trusted, a supervisor starts a new worker, and the jobs in flight are taken over
+  by lease.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
+import time
 
 from celery.signals import setup_logging, worker_init, worker_shutdown
 
@@ -25,6 +27,7 @@ from worker import logs, metrics
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import JobRecord
 from worker.contract.settings import get_settings
+from worker.core import exit_with_core
 from worker.execute import stored_result
 from worker.leases import Reconciler
 from worker.orphans import OrphanSweeper
@@ -32,16 +35,7 @@ from worker.tasks import app, transcribe
 
 log = logging.getLogger(__name__)
 
-CUDA_FAULT_EXIT = 70  # the process's exit status after a GPU fault; its supervisor restarts it
 _stop = threading.Event()
-
-
-def exit_on_device_fault(error: BaseException) -> None:
-    """End the process at once: nothing more can be trusted to the GPU, not even an answer
-    to the jobs in flight (they are taken over when their leases lapse)."""
-    log.critical("engine fault on the GPU, exiting: %r", error, exc_info=error)
-    logging.shutdown()
-    os._exit(CUDA_FAULT_EXIT)
 
 
 @setup_logging.connect
@@ -58,8 +52,11 @@ def _start(**_: object) -> None:
     metrics.serve(
         settings.metrics_host, settings.metrics_port, transcribe.store, transcribe.leases.held
     )
-    transcribe.engines.on_device_fault = exit_on_device_fault
-    transcribe.engines.get(settings.default_model)
+    transcribe.engines.on_exit = exit_with_core
+    started = time.monotonic()
+    transcribe.engines.load(settings.default_model)  # and warmed, in the engine core
+    took = time.monotonic() - started
+    log.info("ready in %.1f s: %s loaded and warm", took, settings.default_model)
 
     def stored(record: JobRecord) -> float | None:
         result = stored_result(transcribe.storage, record)
@@ -87,3 +84,4 @@ def _start(**_: object) -> None:
 def _stop_threads(**_: object) -> None:
     metrics.READY.clear()
     _stop.set()
+    transcribe.engines.close()

@@ -2,7 +2,9 @@
 and `WHISPERFLEET_METRICS_PORT` (0: off).
 
 Counters and histograms are updated where things happen; queue depths, the jobs not yet
-terminal, the jobs this worker runs and GPU memory are read when Prometheus scrapes. `/ready`
+terminal and the jobs this worker runs are read when Prometheus scrapes. The engine's own
+metrics (`ENGINE`: batches, busy time, audio seconds, GPU memory) are kept in its core process
+(`worker.core`), which sends them every second; the worker serves the latest. `/ready`
 on the same port answers 200 once the worker takes jobs, 503 before (loading its model) and
 after (stopping).
 """
@@ -19,9 +21,10 @@ from contextlib import contextmanager
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import redis
-from prometheus_client import Counter, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from worker.contract.jobs import QUEUES, JobStore
@@ -31,23 +34,29 @@ log = logging.getLogger(__name__)
 # Set once the worker takes jobs (its default model loaded), cleared as it stops: `/ready`
 READY = threading.Event()
 JOBS = Counter("whisperfleet_jobs", "Jobs this worker ended or handed on", ["outcome"])
+ENGINE = CollectorRegistry()  # updated in the engine core, sent to the worker (`core_report`)
 BATCH = Histogram(
     "whisperfleet_batch_inputs",
     "Inputs started together by a batcher",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+    registry=ENGINE,
 )
 ENGINE_SECONDS = Counter(
     "whisperfleet_engine_seconds",
     "Host seconds in the engine: admitting windows (encoder) or in decode steps",
     ["phase"],
+    registry=ENGINE,
 )
-WINDOWS = Counter("whisperfleet_windows_encoded", "30 s windows encoded")
+WINDOWS = Counter("whisperfleet_windows_encoded", "30 s windows encoded", registry=ENGINE)
 AUDIO_SECONDS = Counter(
-    "whisperfleet_audio_seconds", "Seconds of audio transcribed (rate: audio seconds per second)"
+    "whisperfleet_audio_seconds",
+    "Seconds of audio transcribed (rate: audio seconds per second)",
+    registry=ENGINE,
 )
 ENGINE_BUSY = Counter(
     "whisperfleet_engine_busy_seconds",
     "Seconds a batcher spent in engine steps, with windows decoding (rate: the busy fraction)",
+    registry=ENGINE,
 )
 JOB_STAGE = Histogram(
     "whisperfleet_job_stage_seconds",
@@ -88,15 +97,40 @@ class _Scraped(Collector):
             "whisperfleet_running_jobs", "Jobs this worker runs (holds the lease of)",
             value=len(self.held),
         )  # fmt: skip
-        import torch  # the worker has it loaded already
 
-        if torch.cuda.is_available():
-            memory = GaugeMetricFamily(
-                "whisperfleet_gpu_memory_bytes", "GPU memory allocated", labels=["kind"]
-            )
-            memory.add_metric(["allocated"], torch.cuda.memory_allocated())
-            memory.add_metric(["peak"], torch.cuda.max_memory_allocated())
-            yield memory
+
+def engine_snapshot() -> list[Metric]:
+    """The engine's metrics as they stand in this process (the core), to send: its counters
+    and histograms, and GPU memory."""
+    import torch  # the core has it loaded already
+
+    snapshot = list(ENGINE.collect())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        memory = GaugeMetricFamily(
+            "whisperfleet_gpu_memory_bytes", "GPU memory allocated", labels=["kind"]
+        )
+        memory.add_metric(["allocated"], torch.cuda.memory_allocated())
+        memory.add_metric(["peak"], torch.cuda.max_memory_allocated())
+        snapshot.append(memory)
+    return snapshot
+
+
+class _Core(Collector):
+    """The engine core's metrics as it last sent them (before its first report: zeros)."""
+
+    latest: list[Metric] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.latest if self.latest is not None else ENGINE.collect())
+
+
+_CORE = _Core()
+REGISTRY.register(_CORE)
+
+
+def core_report(snapshot: list[Metric]) -> None:
+    """Serve the metrics the engine core sent (`engine_snapshot` there)."""
+    _CORE.latest = snapshot
 
 
 def _with_ready(metrics_app):

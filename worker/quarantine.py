@@ -5,7 +5,8 @@ A worker killed under a batch (by an operator, the OOM killer, a GPU fault, anot
 cannot say which job killed it, and counting starts would fail good jobs whose workers died
 around them. So a start that never ended sends a job here. Each worker process keeps one
 quarantine process, spawned on first use (forking after CUDA is initialised breaks CUDA),
-which runs quarantined jobs one at a time through an engine of one slot. If it dies running a
+which runs quarantined jobs one at a time through an engine of one slot (its core on a
+thread of that process: `worker.core.InProcess`). If it dies running a
 job, that job killed it: the task counts the death (`JobRecord.quarantine_deaths`) and fails
 the job as poison at `MAX_ATTEMPTS`. If the worker itself dies, its quarantine process ends
 too (it watches its parent) and nothing is counted: that death is unexplained again. A job
@@ -107,8 +108,7 @@ def _watch(parent: int) -> None:
 def serve(conn: Connection, parent: int) -> None:
     """The quarantine process: run the jobs the worker sends, one at a time, with one slot."""
     from worker import logs
-    from worker.engines import Engines
-    from worker.lifecycle import exit_on_device_fault
+    from worker.core import EngineCore, InProcess, exit_with_core
     from worker.storage import Storage
 
     threading.Thread(target=_watch, args=(parent,), daemon=True).start()
@@ -116,7 +116,8 @@ def serve(conn: Connection, parent: int) -> None:
     logs.configure(settings.log_format)
     store = JobStore(redis.Redis.from_url(settings.redis_url))
     storage = Storage(settings)
-    engines = Engines(settings, on_device_fault=exit_on_device_fault, slots=1)
+    # its core on this process's threads: a daemon process may have no children
+    engines = EngineCore(settings, slots=1, on_exit=exit_with_core, context=InProcess)
     while True:
         try:
             job_id = conn.recv()

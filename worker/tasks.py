@@ -38,7 +38,7 @@ from worker.contract.jobs import (
     TransitionError,
 )
 from worker.contract.settings import get_settings
-from worker.engines import Engines
+from worker.core import EngineCore
 from worker.execute import (
     TRANSIENT,
     JobCancelled,
@@ -79,8 +79,8 @@ class JobTask(Task):
         return Storage(get_settings())
 
     @cached_property
-    def engines(self) -> Engines:
-        return Engines(get_settings())
+    def engines(self) -> EngineCore:
+        return EngineCore(get_settings())
 
     @cached_property
     def quarantine(self) -> Quarantine:

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
+from worker.core import CUDA_FAULT_EXIT
 
 pytestmark = pytest.mark.slow
 
@@ -264,7 +265,8 @@ def test_a_good_job_whose_workers_are_killed_under_it_is_not_failed(
 ):
     """Its worker is `kill -9`ed under it three times, once in the main lane and twice while
     it runs in quarantine, more often than MAX_ATTEMPTS: those deaths say nothing about the
-    job, which then succeeds. Each killed worker's quarantine process goes with it."""
+    job, which then succeeds. Each killed worker's other processes go with it: its engine core
+    and its quarantine process."""
     fleet = make_fleet(tmp_path, storage_server, MAX_ATTEMPTS=2)
     try:
         [job] = [fleet.submit(long_speech(clips["en_jfk"].bytes, 6))]  # 66 s of speech
@@ -287,6 +289,31 @@ def test_a_good_job_whose_workers_are_killed_under_it_is_not_failed(
         fleet.close()
         fleet.redis_server.close()
         print(fleet.logs()[-15000:])
+
+
+def test_a_worker_whose_engine_core_dies_ends_and_its_jobs_are_taken_over(
+    tmp_path, storage_server, clips
+):
+    """The engine core (the worker's spawned child that holds the model) is `kill -9`ed mid-job,
+    as the OOM killer or a GPU fault would end it: the worker ends too, with exit 70 (its
+    supervisor starts a new one), and a new worker takes the job over and runs it once."""
+    fleet = make_fleet(tmp_path, storage_server)
+    try:
+        job = fleet.submit(long_speech(clips["en_jfk"].bytes, 6))  # 66 s of speech
+        worker = fleet.start_worker()
+        fleet.wait_until_running_on(job, worker.pid, timeout=180)
+        children = psutil.Process(worker.pid).children()
+        [core] = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+        core.kill()
+        assert worker.wait(timeout=15) == CUDA_FAULT_EXIT
+        fleet.start_worker()
+        fleet.wait_all([job], timeout=240)
+        tally = fleet.tally([job])
+        assert (tally.succeeded, tally.duplicates, tally.lost) == (1, 0, 0)
+        assert "the engine core ended" in fleet.logs()
+    finally:
+        fleet.close()
+        fleet.redis_server.close()
 
 
 def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_jobs(

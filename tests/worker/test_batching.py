@@ -11,7 +11,7 @@ from engine import TranscriptionOptions
 from engine.runner import Runner
 from tests.conftest import open_stream
 from worker.batching import Batcher, EngineFailed
-from worker.lifecycle import CUDA_FAULT_EXIT
+from worker.core import CUDA_FAULT_EXIT
 
 
 def test_inputs_arriving_together_share_an_encoder_batch(clips, encoded):
@@ -96,7 +96,7 @@ FAULT_MID_BATCH = """
 import sys, torch
 from engine import Engine, EngineConfig, Stream, TranscriptionOptions
 from worker.batching import Batcher
-from worker.lifecycle import exit_on_device_fault
+from worker.core import exit_on_device_fault
 
 step = Stream.step
 def faulty_step(self):

@@ -1,4 +1,5 @@
-"""The worker's models: configured names only, loaded on first use, within a memory budget."""
+"""The worker's models: configured names only, loaded on first use, within a memory budget;
+warmed before use; run in the engine core."""
 
 import time
 
@@ -7,6 +8,7 @@ import torch
 
 from worker.contract.jobs import JobOptions
 from worker.contract.settings import Settings
+from worker.core import EngineCore, InProcess
 from worker.engines import Engines, UnknownModel, job_seed
 
 
@@ -34,7 +36,7 @@ def test_a_jobs_seed_is_its_own_or_derived_from_its_input_and_options():
 
 
 def test_the_result_carries_the_seed_it_was_sampled_with(clips):
-    engines = Engines(Settings(models="tiny.en", device="cpu"))
+    engines = EngineCore(Settings(models="tiny.en", device="cpu"))
     data = clips["en_jfk"].bytes
     derived = engines.transcribe("tiny.en", data, JobOptions())
     assert derived.seed == job_seed(data, JobOptions()) and derived.options.seed is None
@@ -78,7 +80,8 @@ def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips)
     fp8 = torch.float8_e4m3fn
     assert engine.n_slots == budget // slot_bytes(engine.loaded.dims, torch.float32, fp8) == 10
     assert engine.runner().slots.cache.cross_k.dtype == fp8
-    text = engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions()).text
+    core = EngineCore(engines.settings)
+    text = core.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions()).text
     assert "ask not what your country can do for you" in text.lower()
     with pytest.raises(ValueError, match="cross_kv"):
         Settings(cross_kv="int4")
@@ -88,8 +91,14 @@ def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, mo
     from engine.runner import Runner
     from worker.batching import EngineFailed
 
-    engines = Engines(Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2))
-    stream = engines.get("tiny.en")
+    settings = Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2)
+    opened, open_model = [], Engines._open
+    monkeypatch.setattr(
+        Engines, "_open", lambda self, name: opened.append(open_model(self, name)) or opened[-1]
+    )
+    engines = EngineCore(settings, context=InProcess)  # where the patches below reach
+    engines.load("tiny.en")
+    stream = opened[0].stream
     before = stream.engine.n_slots
     launch, failures = Runner.launch, []
 
@@ -111,7 +120,7 @@ def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, mo
     failures.clear()
     with pytest.raises(EngineFailed, match="out of memory") as failed:
         engines.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions())
-    assert not failed.value.retry and isinstance(failed.value.__cause__, torch.OutOfMemoryError)
+    assert not failed.value.retry and failed.value.oom
 
 
 def test_a_model_loads_without_holding_up_the_jobs_of_loaded_ones(monkeypatch):

@@ -1,0 +1,464 @@
+"""The fleet against its own engine: the same inputs through the engine directly, then as jobs
+through Redis, a real `whisperfleet worker` and S3 storage (moto's server), on one device.
+
+    python scripts/fleet_bench.py [--audio-dir ../shared/audio/dev] [--device cuda]
+        [--models tiny.en,large-v3=random:large-v3] [--copies 8,32]
+        [--inputs audio,spectrogram] [--transformers] [--plot fleet.png] [--json out.json]
+
+For each model, input kind (audio files, or the same clips as .npy log-mel spectrograms) and
+number of copies of the clips (`--copies 8`: each clip 8 times), one row:
+
+- engine: `Stream.transcribe` over every input at once, warmed first (best of --engine-runs);
+- cold: the jobs queued first, then a new worker process started; from its start to the last
+  job's end (its model load, graph captures and kernel compiles included);
+- warm: the same jobs again on that worker, from the first dispatch to the last end;
+- ratio: engine seconds over queue seconds (1.0: the queue path costs nothing);
+- ready: the worker's start to `/ready` on its metrics port. The first start of a run has an
+  empty compile cache (`TRITON_CACHE_DIR`, fresh); every later one is a restart after a
+  `kill -9` of the previous worker, whose engine core must then exit;
+- transformers: plain transformers (`WhisperProcessor` features, `generate` greedy, batches
+  of 16) on the same clips, RTFx (audio seconds per second; audio rows of real weights).
+
+Random-weight models (`random:*`) get 30 s spectrogram windows only, with their own mel bins.
+While the warm jobs run, the worker's metrics are scraped every half second: audio seconds per
+second, the engine's busy fraction, queue wait and decode time per input; --plot draws them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import redis
+import torch
+from tqdm import tqdm
+
+from engine import Engine
+from engine.audio import decode_audio
+from engine.mel import N_SAMPLES, log_mel_spectrogram
+from worker.app import create_app
+from worker.contract.dispatch import dispatch
+from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
+from worker.contract.settings import Settings
+from worker.embedded import ensure_redis, ensure_storage
+from worker.engines import Engines
+from worker.storage import Storage
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Inputs:
+    kind: str  # audio or spectrogram
+    items: list[bytes]
+    audio_s: float
+
+
+@dataclass
+class Row:
+    model: str
+    kind: str
+    copies: int
+    jobs: int
+    audio_s: float
+    engine_s: float
+    cold_s: float = 0.0
+    warm_s: float = 0.0
+    ready_s: float = 0.0
+    first_start: bool = False
+    succeeded: int = 0
+    core_exited: bool | None = None
+    transformers_rtfx: float | None = None
+    timeline: list[dict] = field(default_factory=list)
+
+    @property
+    def warm_ratio(self) -> float:
+        return self.engine_s / self.warm_s
+
+    @property
+    def cold_ratio(self) -> float:
+        return self.engine_s / self.cold_s
+
+
+def read_clips(audio_dir: Path) -> list[tuple[bytes, float]]:
+    """The manifest's clips of up to 30 s: (bytes, seconds)."""
+    clips = []
+    for line in (audio_dir / "manifest.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["duration_s"] <= 30:
+            clips.append(((audio_dir / entry["file"]).read_bytes(), entry["duration_s"]))
+    return clips
+
+
+def spectrogram(data: bytes, n_mels: int) -> bytes:
+    """A clip as the .npy a client would send: one 30 s window, float16."""
+    samples = torch.from_numpy(decode_audio(data)[:N_SAMPLES])
+    buffer = io.BytesIO()
+    np.save(buffer, log_mel_spectrogram(samples, n_mels).numpy().astype(np.float16))
+    return buffer.getvalue()
+
+
+def engine_alone(stream, inputs: Inputs, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        stream.transcribe(inputs.items)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def transformers_rtfx(stream, clips: list[tuple[bytes, float]], batch: int = 16) -> float:
+    """Audio seconds per second of plain transformers on the clips the engine has (its
+    converted weights): the processor's features and `generate`, greedy, in batches."""
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    loaded = stream.engine.loaded
+    processor = WhisperProcessor.from_pretrained(loaded.path)
+    model = WhisperForConditionalGeneration.from_pretrained(loaded.path, dtype=loaded.dtype)
+    model = model.to(loaded.device).eval()
+    audio = [decode_audio(data) for data, _ in clips]
+
+    def run(part: list[np.ndarray]) -> None:
+        for i in range(0, len(part), batch):
+            features = processor(part[i : i + batch], sampling_rate=16000, return_tensors="pt")
+            ids = model.generate(features.input_features.to(loaded.device, loaded.dtype))
+            processor.batch_decode(ids, skip_special_tokens=True)
+
+    with torch.inference_mode():
+        run(audio[:batch])  # warm-up
+        start = time.perf_counter()
+        run(audio)
+        if loaded.device.type == "cuda":
+            torch.cuda.synchronize()
+    return sum(s for _, s in clips) / (time.perf_counter() - start)
+
+
+class Fleet:
+    """Redis, moto's S3 server and one worker at a time, on fresh ports."""
+
+    def __init__(self, args: argparse.Namespace, model: str, source: str, log_dir: Path):
+        self.args, self.model, self.log_dir = args, model, log_dir
+        self.metrics_port = free_port()
+        self.settings = Settings(
+            redis_url=f"redis://127.0.0.1:{free_port()}/0",
+            s3_endpoint_url=f"http://127.0.0.1:{free_port()}",
+            s3_bucket="fleet-bench",
+            models=f"{model}={source}",
+            default_model=model,
+            device=args.device,
+            metrics_port=0,
+            slot_memory_bytes=args.slot_memory,
+        )
+        self.services = [
+            ensure_redis(self.settings, start=True),
+            ensure_storage(self.settings, start=True),
+        ]
+        self.store = JobStore(redis.Redis.from_url(self.settings.redis_url))
+        self.storage, self.app = Storage(self.settings), create_app(self.settings)
+        self.storage.ensure_bucket()
+        self.env = {
+            **os.environ,
+            "WHISPERFLEET_REDIS_URL": self.settings.redis_url,
+            "WHISPERFLEET_S3_ENDPOINT_URL": self.settings.s3_endpoint_url,
+            "WHISPERFLEET_S3_BUCKET": self.settings.s3_bucket,
+            "WHISPERFLEET_MODELS": f"{model}={source}",
+            "WHISPERFLEET_DEFAULT_MODEL": model,
+            "WHISPERFLEET_DEVICE": args.device,
+            "WHISPERFLEET_METRICS_PORT": str(self.metrics_port),
+            "WHISPERFLEET_WORKER_CONCURRENCY": str(args.concurrency),
+            "WHISPERFLEET_MAX_JOB_AGE_S": "86400",
+            "TRITON_CACHE_DIR": str(log_dir / "triton"),
+        }
+        if args.slot_memory:
+            self.env["WHISPERFLEET_SLOT_MEMORY_BYTES"] = str(args.slot_memory)
+        self.worker: subprocess.Popen | None = None
+        self.starts = 0
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.kill_worker()
+        for proc in self.services:
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
+
+    def upload(self, inputs: Inputs) -> list[JobRecord]:
+        """Store the inputs and their records (queued, not yet dispatched)."""
+        fmt = "npy" if inputs.kind == "spectrogram" else "flac"
+
+        def put(data: bytes) -> JobRecord:
+            record = JobRecord(
+                id=new_job_id(), model=self.model, priority="bulk",
+                input=JobInput(kind=inputs.kind, bytes=len(data), format=fmt),
+            )  # fmt: skip
+            self.storage.client.put_object(
+                Bucket=self.storage.bucket, Key=record.input_key, Body=data
+            )
+            self.store.create(record)
+            return record
+
+        with ThreadPoolExecutor(16) as pool:
+            return list(tqdm(pool.map(put, inputs.items), total=len(inputs.items),
+                             desc="upload", unit="job", file=sys.stderr, leave=False))  # fmt: skip
+
+    def dispatch(self, records: list[JobRecord]) -> None:
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda r: dispatch(self.app, self.store, r), records))
+
+    def wait(self, records: list[JobRecord], desc: str) -> tuple[float, int]:
+        """Until every job ends: when the last ended (time.time), how many succeeded."""
+        pending, last, succeeded = {r.id for r in records}, 0.0, 0
+        with tqdm(total=len(pending), desc=desc, unit="job", file=sys.stderr) as bar:
+            while pending:
+                if self.worker is not None and self.worker.poll() is not None:
+                    raise SystemExit(f"the worker exited ({self.worker.returncode}); see logs")
+                for job_id in list(pending):
+                    record = self.store.get(job_id)
+                    if record.status in TERMINAL:
+                        pending.discard(job_id)
+                        bar.update()
+                        succeeded += record.status is JobStatus.succeeded
+                        last = max(last, record.finished_at.timestamp())
+                time.sleep(0.05)
+        return last, succeeded
+
+    def start_worker(self) -> tuple[float, float]:
+        """Start a worker; return when it started (time.time) and its seconds to `/ready`."""
+        self.starts += 1
+        log = open(self.log_dir / f"worker-{self.model}-{self.starts}.log", "w")  # noqa: SIM115
+        started = time.time()
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{self.metrics_port}/ready"
+        while True:
+            if self.worker.poll() is not None:
+                raise SystemExit(f"the worker exited ({self.worker.returncode}): {log.name}")
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    return started, time.time() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+
+    def kill_worker(self) -> bool:
+        """kill -9 the worker; whether its engine core exited by itself within 10 s."""
+        cores = psutil.Process(self.worker.pid).children(recursive=True)
+        os.kill(self.worker.pid, signal.SIGKILL)
+        self.worker.wait()
+        self.worker = None
+        gone, alive = psutil.wait_procs(cores, timeout=10)
+        for proc in alive:
+            proc.kill()
+        return not alive
+
+    def scrape(self) -> dict[str, float]:
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        wanted = {
+            "whisperfleet_audio_seconds_total": "audio_s",
+            "whisperfleet_engine_busy_seconds_total": "busy_s",
+            'whisperfleet_job_stage_seconds_sum{priority="bulk",stage="queue"}': "queue_sum",
+            'whisperfleet_job_stage_seconds_count{priority="bulk",stage="queue"}': "queue_n",
+            'whisperfleet_job_stage_seconds_sum{priority="bulk",stage="decode"}': "decode_sum",
+            'whisperfleet_job_stage_seconds_count{priority="bulk",stage="decode"}': "decode_n",
+        }
+        values = {}
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name in wanted:
+                values[wanted[name]] = float(value)
+        return values
+
+
+def sampled(fleet: Fleet, stop: threading.Event, every: float = 0.5) -> list[dict]:
+    samples = []
+    while not stop.is_set():
+        try:
+            samples.append({"t": time.time(), **fleet.scrape()})
+        except httpx.HTTPError:
+            pass
+        stop.wait(every)
+    return samples
+
+
+def timeline(samples: list[dict], start: float) -> list[dict]:
+    """Rates between samples: audio s/s, busy fraction; and the running mean queue wait and
+    decode time per input."""
+    out = []
+    for a, b in zip(samples, samples[1:], strict=False):
+        dt = b["t"] - a["t"]
+        out.append({
+            "t": b["t"] - start,
+            "audio_per_s": (b.get("audio_s", 0) - a.get("audio_s", 0)) / dt,
+            "busy": (b.get("busy_s", 0) - a.get("busy_s", 0)) / dt,
+            "queue_ms": 1000 * b.get("queue_sum", 0) / max(b.get("queue_n", 0), 1),
+            "decode_ms": 1000 * b.get("decode_sum", 0) / max(b.get("decode_n", 0), 1),
+        })  # fmt: skip
+    return out
+
+
+def run_row(fleet: Fleet, row: Row, inputs: Inputs) -> None:
+    records = fleet.upload(inputs)
+    fleet.dispatch(records)  # queued before the worker starts: the cold run
+    started, row.ready_s = fleet.start_worker()
+    row.first_start = fleet.starts == 1
+    last, _ = fleet.wait(records, f"{row.model} {row.kind} x{row.copies} cold")
+    row.cold_s = last - started
+    records = fleet.upload(inputs)
+    stop, samples = threading.Event(), []
+    scraper = threading.Thread(target=lambda: samples.extend(sampled(fleet, stop)))
+    scraper.start()
+    start = time.time()
+    fleet.dispatch(records)
+    last, row.succeeded = fleet.wait(records, f"{row.model} {row.kind} x{row.copies} warm")
+    row.warm_s = last - start
+    stop.set()
+    scraper.join()
+    row.timeline = timeline(samples, start)
+    row.core_exited = fleet.kill_worker()
+
+
+def model_inputs(kind: str, clips, copies: int, n_mels: int, random_weights: bool) -> Inputs:
+    if random_weights:  # 30 s windows: engine-bound
+        window = [spectrogram(data, n_mels) for data, _ in clips]
+        return Inputs("spectrogram", window * copies, 30.0 * len(clips) * copies)
+    items = [data for data, _ in clips] if kind == "audio" else [
+        spectrogram(data, n_mels) for data, _ in clips
+    ]  # fmt: skip
+    return Inputs(kind, items * copies, sum(s for _, s in clips) * copies)
+
+
+def plot(path: Path, rows: list[Row]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    for row in rows:
+        if not row.timeline:
+            continue
+        label = f"{row.model} {row.kind} x{row.copies}"
+        t = [p["t"] for p in row.timeline]
+        top.plot(t, [p["audio_per_s"] for p in row.timeline], label=label)
+        bottom.plot(t, [p["busy"] for p in row.timeline], label=label)
+    top.set_ylabel("audio seconds / second")
+    bottom.set_ylabel("engine busy fraction")
+    bottom.set_xlabel("seconds since the first dispatch (warm worker)")
+    top.legend(fontsize=8)
+    top.set_title("one worker on the GPU, scraped from its metrics port")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--audio-dir", default=str(ROOT.parent / "shared" / "audio" / "dev"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", default="tiny.en", help="name or name=source, comma-separated")
+    parser.add_argument("--copies", default="1", help="comma-separated: rows per count")
+    parser.add_argument("--inputs", default="audio,spectrogram")
+    parser.add_argument("--engine-runs", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=32, help="the worker's jobs in flight")
+    parser.add_argument("--transformers", action="store_true", help="RTFx of plain transformers")
+    parser.add_argument(
+        "--slot-memory-gb", type=float, help="each engine's slot cache (default: half the free)"
+    )
+    parser.add_argument("--plot", help="write a PNG of the warm runs' metrics here")
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args()
+    args.slot_memory = int(args.slot_memory_gb * 1024**3) if args.slot_memory_gb else None
+    clips = read_clips(Path(args.audio_dir))
+    log_dir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    compile_cache = log_dir / "triton"  # the workers': empty, the first start compiles all
+    os.environ["TRITON_CACHE_DIR"] = str(log_dir / "triton-engine")  # this process's
+    print(f"logs in {log_dir}", file=sys.stderr)
+    rows: list[Row] = []
+    for spec in args.models.split(","):
+        name, _, source = spec.partition("=")
+        source = source or name
+        random_weights = source.startswith("random:")
+        settings = Settings(
+            models=f"{name}={source}", default_model=name, device=args.device,
+            slot_memory_bytes=args.slot_memory,
+        )  # fmt: skip
+        stream = Engine.open(Engines(settings).config(name))
+        stream.warm()
+        n_mels = stream.engine.loaded.dims.n_mels
+        rtfx = None
+        if args.transformers and not random_weights:
+            rtfx = transformers_rtfx(stream, clips)
+        fleet = Fleet(args, name, source, log_dir)
+        try:
+            kinds = ["spectrogram"] if random_weights else args.inputs.split(",")
+            for kind in kinds:
+                for copies in map(int, args.copies.split(",")):
+                    inputs = model_inputs(kind, clips, copies, n_mels, random_weights)
+                    engine_s = engine_alone(stream, inputs, args.engine_runs)
+                    row = Row(name, kind, copies, len(inputs.items), inputs.audio_s, engine_s)
+                    row.transformers_rtfx = rtfx if kind == "audio" else None
+                    run_row(fleet, row, inputs)
+                    rows.append(row)
+                    print(table([row], header=False), file=sys.stderr)
+        finally:
+            fleet.close()
+        del stream
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"\n{device}; one worker, concurrency {args.concurrency}; {len(clips)} clips\n")
+    print(table(rows))
+    print(f"\ncompile cache after the run: {sum(1 for _ in compile_cache.rglob('*'))} files")
+    if args.plot:
+        plot(Path(args.plot), rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    for cache in ("triton", "triton-engine"):
+        shutil.rmtree(log_dir / cache, ignore_errors=True)
+
+
+def table(rows: list[Row], header: bool = True) -> str:
+    lines = []
+    if header:
+        lines += [
+            "| model | input | jobs | audio s | engine s | warm s | warm ratio | cold s "
+            "| cold ratio | ready s | engine RTFx | transformers RTFx | ok | core exited |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    for r in rows:
+        ready = f"{r.ready_s:.1f}" + (" (empty cache)" if r.first_start else "")
+        hf = f"{r.transformers_rtfx:.0f}" if r.transformers_rtfx else "—"
+        lines.append(
+            f"| {r.model} | {r.kind} | {r.jobs} | {r.audio_s:.0f} | {r.engine_s:.2f} "
+            f"| {r.warm_s:.2f} | {r.warm_ratio:.2f} | {r.cold_s:.2f} | {r.cold_ratio:.2f} "
+            f"| {ready} | {r.audio_s / r.engine_s:.0f} | {hf} | {r.succeeded}/{r.jobs} "
+            f"| {r.core_exited} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
