@@ -306,9 +306,15 @@ def sampled(fleet: Fleet, stop: threading.Event, every: float = 0.5) -> list[dic
 
 def timeline(samples: list[dict], start: float) -> list[dict]:
     """Rates between samples: audio s/s, busy fraction; and the running mean queue wait and
-    decode time per input."""
+    decode time per input. The engine core sends its counters once a second: a sample with
+    none new is left out, or its rates would read as an idle half second."""
     out = []
-    for a, b in zip(samples, samples[1:], strict=False):
+    reported = [
+        s for i, s in enumerate(samples)
+        if i == 0 or (s.get("audio_s"), s.get("busy_s"))
+        != (samples[i - 1].get("audio_s"), samples[i - 1].get("busy_s"))
+    ]  # fmt: skip
+    for a, b in zip(reported, reported[1:], strict=False):
         dt = b["t"] - a["t"]
         out.append({
             "t": b["t"] - start,

@@ -77,6 +77,12 @@ class InProcess:
     class Process(threading.Thread):
         exitcode = None
 
+        def run(self) -> None:
+            try:
+                super().run()
+            finally:  # its end of the pipe: the worker's side then sees the core gone
+                self._args[0].close()
+
         def kill(self) -> None:
             """Nothing to kill: the core's loop ends at the end of its pipe."""
 
