@@ -42,7 +42,7 @@ from worker.contract.jobs import QUEUES
 from worker.contract.options import JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
-from worker.engines import Engines, engine_options, transcript
+from worker.engines import Engines, engine_options, single_flight, transcript
 
 log = logging.getLogger(__name__)
 
@@ -218,12 +218,7 @@ class EngineCore:
         """Load and warm model `name` in the core, if it is not yet; wait until it is ready.
         Raises UnknownModel for a model the settings do not name."""
         with self._lock:
-            loading = self._loads.get(name)
-            if loading is None:
-                loading = self._loads[name] = Future()
-                mine = True
-            else:
-                mine = False
+            loading, mine = single_flight(self._loads, name)
         if mine:
             self._send(("load", name))
         loading.result()

@@ -71,6 +71,15 @@ def transcript(transcription: Transcription, options: JobOptions) -> TranscriptR
     )
 
 
+def single_flight(under_way: dict[str, Future], key: str) -> tuple[Future, bool]:
+    """The future of the work on `key` under way, or a new one, and whether it is new (the
+    caller then does the work and sets it). Called under the lock that guards `under_way`."""
+    if key in under_way:
+        return under_way[key], False
+    under_way[key] = Future()
+    return under_way[key], True
+
+
 class Engines:
     """Each model's stream and the batcher that runs it, shared by the job threads."""
 
@@ -110,12 +119,7 @@ class Engines:
             if name in self._loaded:
                 self._loaded.move_to_end(name)
                 return self._loaded[name]
-            loading = self._loading.get(name)
-            if loading is None:
-                loading = self._loading[name] = Future()
-                mine = True
-            else:
-                mine = False
+            loading, mine = single_flight(self._loading, name)
         if not mine:
             return loading.result()  # another thread loads it; its error is ours too
         try:
