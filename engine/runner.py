@@ -151,11 +151,11 @@ class Runner:
     def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
         """Capture `fn` into a graph sharing one memory pool.
 
-        The warm-up run that capture needs really executes; the decode state they advance is
+        The warm-up run that capture needs really executes; the decode state it advances is
         put back afterwards, so capturing mid-stream changes no sequence. Other threads may use
-        the GPU meanwhile (a worker's job threads take a first pass over long audio there), so
-        only this thread's own unsafe calls may break the capture ("thread_local").
-        """
+        the GPU meanwhile (a worker's engine core takes a first pass over long audio on threads
+        of its own), so only this thread's own unsafe calls may break the capture
+        ("thread_local")."""
         state = self.slots.state.tensors()
         saved = [t.clone() for t in state]
         if self._capture_stream is None:

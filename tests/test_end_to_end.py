@@ -98,12 +98,17 @@ def test_the_worker_serves_prometheus_metrics(api_url, stack_env, clips):
     job = run_job(url, clips["en_jfk"].bytes, "jfk.flac")
     assert job["status"] == "succeeded"
     port = stack_env["WHISPERFLEET_METRICS_PORT"]
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    values = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("whisperfleet_")
-    }
+    deadline = time.monotonic() + 5  # the engine core sends its metrics once a second
+    while True:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        values = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("whisperfleet_")
+        }
+        if values["whisperfleet_audio_seconds_total"] > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert values['whisperfleet_jobs_total{outcome="succeeded"}'] >= 1
     assert values["whisperfleet_batch_inputs_count"] >= 1
     assert values["whisperfleet_windows_encoded_total"] >= 1

@@ -142,6 +142,7 @@ class EngineCore:
                 if not isinstance(process, threading.Thread):  # InProcess shares the end
                     theirs.close()  # the core's end: its death then reads as the pipe's end
                 self._process, self._conn, self._reported = process, mine, (time.monotonic(), True)
+                metrics.core_report(None)  # a new core counts from zero
                 threading.Thread(
                     target=self._receive, args=(mine, process), name="core-receiver", daemon=True
                 ).start()

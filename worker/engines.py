@@ -81,7 +81,7 @@ def single_flight(under_way: dict[str, Future], key: str) -> tuple[Future, bool]
 
 
 class Engines:
-    """Each model's stream and the batcher that runs it, shared by the job threads."""
+    """Each model's stream and the batcher that runs it, shared by the core's threads."""
 
     def __init__(
         self,

@@ -128,8 +128,9 @@ _CORE = _Core()
 REGISTRY.register(_CORE)
 
 
-def core_report(snapshot: list[Metric]) -> None:
-    """Serve the metrics the engine core sent (`engine_snapshot` there)."""
+def core_report(snapshot: list[Metric] | None) -> None:
+    """Serve the metrics the engine core sent (`engine_snapshot` there); None: a new core
+    has not reported yet."""
     _CORE.latest = snapshot
 
 

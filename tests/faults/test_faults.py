@@ -329,6 +329,10 @@ def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_j
         [long_job] = [fleet.submit(long_speech(clips["en_jfk"].bytes, 20))]  # 220 s of speech
         fleet.wait_until([long_job], RUNNING, 1, timeout=120)
         ours = fleet.start_worker()
+        deadline = time.monotonic() + 180  # warm (its graphs captured) before it takes a job
+        while fleet.logs().count("loaded and warm") < 2:
+            assert time.monotonic() < deadline and ours.poll() is None, "the worker never warmed"
+            time.sleep(0.2)
         ids = submit_many(fleet, inputs, 16)
         deadline = time.monotonic() + 120
         while not any(

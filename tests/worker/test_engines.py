@@ -88,17 +88,16 @@ def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips)
 
 
 def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, monkeypatch):
+    from engine import Engine
     from engine.runner import Runner
     from worker.batching import EngineFailed
 
     settings = Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2)
-    opened, open_model = [], Engines._open
-    monkeypatch.setattr(
-        Engines, "_open", lambda self, name: opened.append(open_model(self, name)) or opened[-1]
-    )
+    opened, open_model = [], Engine.open
+    monkeypatch.setattr(Engine, "open", lambda c: opened.append(open_model(c)) or opened[-1])
     engines = EngineCore(settings, context=InProcess)  # where the patches below reach
     engines.load("tiny.en")
-    stream = opened[0].stream
+    stream = opened[0]
     before = stream.engine.n_slots
     launch, failures = Runner.launch, []
 
