@@ -113,7 +113,7 @@ class EngineCore:
         """slots: each model's pool of decoding slots (default: as the settings size it).
         on_exit: called with the core's exit status when it ends unasked (default: its
         inputs in flight fail with EngineFailed, and the next call starts a new core).
-        context: where the core runs (default: a spawned process; tests may give threads)."""
+        context: where the core runs (default: a spawned process; `InProcess`: threads here)."""
         self.settings, self.slots, self.on_exit = settings, slots, on_exit
         self.context = context or multiprocessing.get_context("spawn")
         self._lock = threading.Lock()  # the process and the pipe
