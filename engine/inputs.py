@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -142,13 +143,20 @@ class _StreamedMel(MelSource):
         return _padded(self._held if self._start == seek else self._held[:, :0], self.floor)
 
 
+@dataclass(frozen=True)
+class LongAudio:
+    """Audio read far enough to know it runs past 30 s: left encoded, streamed by
+    `open_audio` without decoding its start again."""
+
+    audio: Audio
+
+
 # an input read on the host, before any device work: the samples of up to 30 s of audio
-# (1-D), a spectrogram array (2-D or 3-D), or longer audio still encoded (decoded as it is
-# streamed, by `open_audio`)
-Host = np.ndarray | Audio
+# (1-D), a spectrogram array (2-D or 3-D), or longer audio still encoded
+Host = np.ndarray | LongAudio
 
 
-def read_input(item: bytes | np.ndarray | Audio, max_s: float = MAX_AUDIO_S) -> Host:
+def read_input(item: bytes | np.ndarray | Audio | LongAudio, max_s: float = MAX_AUDIO_S) -> Host:
     """The host's part of reading an input, which a process without the model can do (a
     worker's job threads, many at once): a .npy file loaded, audio of up to 30 s decoded to
     16 kHz samples; longer audio only probed and checked against `max_s`, left encoded so
@@ -158,11 +166,11 @@ def read_input(item: bytes | np.ndarray | Audio, max_s: float = MAX_AUDIO_S) -> 
             return np.load(io.BytesIO(item), allow_pickle=False)
         except ValueError as e:  # numpy's words may quote the header back: keep to ours
             raise SpectrogramError("not a readable .npy array (header or data damaged)") from e
-    if isinstance(item, np.ndarray):
+    if isinstance(item, np.ndarray | LongAudio):  # read already
         return item
     audio = Audio(item) if isinstance(item, bytes) else item
     clip = _clip(audio, max_s)
-    return audio if clip is None else clip
+    return LongAudio(audio) if clip is None else clip
 
 
 def _clip(audio: Audio, max_s: float) -> np.ndarray | None:
@@ -186,13 +194,16 @@ def _clip(audio: Audio, max_s: float) -> np.ndarray | None:
 
 
 def open_audio(
-    audio: Audio | np.ndarray, n_mels: int, device: torch.device, max_s: float = MAX_AUDIO_S
+    audio: Audio | LongAudio | np.ndarray,
+    n_mels: int,
+    device: torch.device,
+    max_s: float = MAX_AUDIO_S,
 ) -> Prepared:
     """Decoded audio (or 16 kHz samples): the samples of up to 30 s, for `sources`, or a
     streamed source of longer audio (as the extractor with `truncation=False`). Which one is
     found by decoding at most 30 s (files do not always say how long they are). Audio longer
     than `max_s` seconds is refused (AudioTooLong): from the length a file declares, else
-    while it is decoded."""
+    while it is decoded. `LongAudio` (what `read_input` found longer) is streamed at once."""
     if isinstance(audio, np.ndarray):
         if len(audio) > max_s * SAMPLE_RATE:
             seconds = len(audio) / SAMPLE_RATE
@@ -200,8 +211,8 @@ def open_audio(
         if len(audio) <= N_SAMPLES:
             return audio
         return _StreamedMel(_SamplesAsAudio(audio), n_mels, device, max_s)
-    clip = _clip(audio, max_s)
-    return _StreamedMel(audio, n_mels, device, max_s) if clip is None else clip
+    read = read_input(audio, max_s)
+    return _StreamedMel(read.audio, n_mels, device, max_s) if isinstance(read, LongAudio) else read
 
 
 def sources(prepared: Sequence[Prepared], n_mels: int, device: torch.device) -> list[MelSource]:

@@ -115,7 +115,7 @@ def engine_snapshot() -> list[Metric]:
     return snapshot
 
 
-class _Core(Collector):
+class _CoreMetrics(Collector):
     """The engine core's metrics as it last sent them (before its first report: zeros)."""
 
     latest: list[Metric] | None = None
@@ -124,7 +124,7 @@ class _Core(Collector):
         return iter(self.latest if self.latest is not None else ENGINE.collect())
 
 
-_CORE = _Core()
+_CORE = _CoreMetrics()
 REGISTRY.register(_CORE)
 
 

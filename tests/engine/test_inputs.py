@@ -12,7 +12,7 @@ from transformers import WhisperFeatureExtractor
 
 from engine import AudioError, InputTooLong, SpectrogramError, TranscriptionOptions
 from engine.audio import Audio, decode_audio, resample
-from engine.inputs import audio_sources, open_audio, spectrogram_source
+from engine.inputs import LongAudio, audio_sources, open_audio, read_input, spectrogram_source
 from tests.conftest import open_stream, transcribe
 
 CPU = torch.device("cpu")
@@ -71,6 +71,31 @@ def test_long_audio_frames_equal_the_extractor_and_pad_with_the_floor(clips):
     assert np.allclose(last[:, expected.shape[1] - 3000 :], floor)
     spectrogram = spectrogram_source(expected, 80, CPU)
     np.testing.assert_allclose(spectrogram.window(3000).numpy(), last, atol=1e-5)
+
+
+def test_long_audio_read_on_the_host_is_streamed_without_decoding_its_start_again(
+    clips, monkeypatch
+):
+    """A worker's job thread reads an input (`read_input`) and the engine core opens it: audio
+    past 30 s is decoded there once to find out, then streamed in its two passes, and not
+    decoded from the start a third time to find out again."""
+    samples = np.concatenate([decode_audio(clips["en_jfk"].bytes)] * 3)  # 33 s
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, 16000, format="FLAC")
+    passes, blocks = [], Audio.blocks
+
+    def counted(self, *args, **kwargs):
+        passes.append(1)
+        return blocks(self, *args, **kwargs)
+
+    monkeypatch.setattr(Audio, "blocks", counted)
+    host = read_input(buffer.getvalue())
+    assert isinstance(host, LongAudio) and len(passes) == 1
+    assert read_input(host) is host  # read already
+    source = open_audio(host, 80, CPU)
+    assert source.n_frames == len(samples) // 160 and len(passes) == 3
+    [expected] = audio_sources([samples], 80, CPU)
+    np.testing.assert_allclose(source.window(0).numpy(), expected.window(0).numpy(), atol=1e-5)
 
 
 def test_clips_opened_together_equal_each_opened_alone(clips):
