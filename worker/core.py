@@ -294,7 +294,7 @@ class _Core:
         self.preparers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="prepare")
         self._lock = threading.Lock()
         self._tickets: dict[int, tuple[Batcher, Ticket]] = {}
-        self._cancelled: set[int] = set()  # before their input reached a batcher
+        self._preparing: dict[int, bool] = {}  # not yet at a batcher: whether cancelled
 
     def load(self, name: str) -> None:
         try:
@@ -307,14 +307,22 @@ class _Core:
     def submit(
         self, call_id: int, name: str, host: Host, options: TranscriptionOptions, urgent: bool
     ) -> None:
-        """Prepare the input on the device and hand it to its model's batcher."""
+        """Prepare the input on the device and hand it to its model's batcher, on a preparing
+        thread (a long file's first pass takes a while)."""
+        with self._lock:
+            self._preparing[call_id] = False
+        self.preparers.submit(self._prepare, call_id, name, host, options, urgent)
+
+    def _prepare(
+        self, call_id: int, name: str, host: Host, options: TranscriptionOptions, urgent: bool
+    ) -> None:
         try:
             batcher = self.engines.batcher(name)
             checked = batcher.stream.check(options)
             prepared = batcher.stream.prepare(host)
         except Exception as e:  # noqa: BLE001 - the input's error is its job's
             with self._lock:
-                self._cancelled.discard(call_id)
+                del self._preparing[call_id]
             self.outbox.put(("failed", call_id, _sendable(e)))
             return
 
@@ -324,8 +332,7 @@ class _Core:
         ticket = batcher.submit(prepared, checked, urgent, progress)
         with self._lock:
             self._tickets[call_id] = (batcher, ticket)
-            if call_id in self._cancelled:
-                self._cancelled.discard(call_id)
+            if self._preparing.pop(call_id):  # cancelled meanwhile
                 batcher.cancel(ticket)
         ticket.future.add_done_callback(lambda f: self._finished(call_id, f))
 
@@ -341,10 +348,11 @@ class _Core:
     def cancel(self, call_id: int) -> None:
         with self._lock:
             held = self._tickets.get(call_id)
-            if held is None:
-                self._cancelled.add(call_id)  # its input is still being prepared
-            else:
+            if held is not None:
                 held[0].cancel(held[1])
+            elif call_id in self._preparing:
+                self._preparing[call_id] = True  # at the batcher, it is taken out
+            # else it ended already: nothing to take out
 
     def report(self) -> None:
         while True:
@@ -383,6 +391,6 @@ def serve(conn: Connection, settings: Settings, slots: int | None) -> None:
             case ("load", name):
                 core.preparers.submit(core.load, name)
             case ("submit", call_id, name, host, options, urgent):
-                core.preparers.submit(core.submit, call_id, name, host, options, urgent)
+                core.submit(call_id, name, host, options, urgent)
             case ("cancel", call_id):
                 core.cancel(call_id)
