@@ -78,10 +78,11 @@ class InProcess:
         exitcode = None
 
         def run(self) -> None:
+            conn = self._args[0]  # Thread.run forgets its arguments
             try:
                 super().run()
             finally:  # its end of the pipe: the worker's side then sees the core gone
-                self._args[0].close()
+                conn.close()
 
         def kill(self) -> None:
             """Nothing to kill: the core's loop ends at the end of its pipe."""
@@ -142,7 +143,7 @@ class EngineCore:
                 if not isinstance(process, threading.Thread):  # InProcess shares the end
                     theirs.close()  # the core's end: its death then reads as the pipe's end
                 self._process, self._conn, self._reported = process, mine, (time.monotonic(), True)
-                metrics.core_report(None)  # a new core counts from zero
+                metrics.core_report([])  # a new core counts from zero, once it reports
                 threading.Thread(
                     target=self._receive, args=(mine, process), name="core-receiver", daemon=True
                 ).start()
@@ -164,6 +165,7 @@ class EngineCore:
                 break
             for message in batch:
                 self._dispatch(message)
+        conn.close()
         process.join(timeout=5)
         gone = EngineFailed(f"the engine core ended (exit {process.exitcode})", retry=True)
         for call in list(self._calls.values()):
@@ -203,12 +205,17 @@ class EngineCore:
                 metrics.core_report(snapshot)
 
     def close(self) -> None:
-        """End the core (the worker is stopping): it reads the end of its pipe and exits."""
+        """End the core (the worker is stopping). Its end of the pipe then closes, which ends
+        the receiving thread; closing ours under that thread would break its read."""
         self._closing = True
         with self._lock:
             process, conn, self._process = self._process, self._conn, None
         if process is not None:
-            conn.close()
+            try:
+                with self._send_lock:
+                    conn.send(("stop",))
+            except OSError:
+                pass  # it has ended already
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
@@ -295,6 +302,7 @@ class _Core:
         self._lock = threading.Lock()
         self._tickets: dict[int, tuple[Batcher, Ticket]] = {}
         self._preparing: dict[int, bool] = {}  # not yet at a batcher: whether cancelled
+        self.gone = threading.Event()  # the worker's end of the pipe closed
 
     def load(self, name: str) -> None:
         try:
@@ -355,8 +363,7 @@ class _Core:
             # else it ended already: nothing to take out
 
     def report(self) -> None:
-        while True:
-            time.sleep(REPORT_EVERY_S)
+        while not self.gone.wait(REPORT_EVERY_S):
             self.outbox.put(("report", self.engines.healthy(), metrics.engine_snapshot()))
 
     def send(self, conn: Connection) -> None:
@@ -371,11 +378,12 @@ class _Core:
             try:
                 conn.send(batch)
             except OSError:  # the worker is gone: the receiving loop ends the core
+                self.gone.set()
                 return
 
 
 def serve(conn: Connection, settings: Settings, slots: int | None) -> None:
-    """The engine core process: serve the worker at the other end of `conn` until it closes."""
+    """The engine core process: serve the worker at the other end of `conn` until it stops."""
     logs.configure(settings.log_format)
     core = _Core(settings, slots)
     for target, args in ((core.send, (conn,)), (core.report, ())):
@@ -383,10 +391,8 @@ def serve(conn: Connection, settings: Settings, slots: int | None) -> None:
     while True:
         try:
             message = conn.recv()
-        except (EOFError, OSError):  # the worker closed its end, or died: nothing left to do
-            if threading.current_thread() is not threading.main_thread():
-                return  # a core in the worker's own process (InProcess)
-            os._exit(0)  # now: not after the threads that may be loading a model
+        except (EOFError, OSError):  # the worker died
+            message = ("stop",)
         match message:
             case ("load", name):
                 core.preparers.submit(core.load, name)
@@ -394,3 +400,8 @@ def serve(conn: Connection, settings: Settings, slots: int | None) -> None:
                 core.submit(call_id, name, host, options, urgent)
             case ("cancel", call_id):
                 core.cancel(call_id)
+            case ("stop",):  # nothing left to do
+                if threading.current_thread() is not threading.main_thread():
+                    core.gone.set()
+                    return  # a core in the worker's own process (InProcess)
+                os._exit(0)  # now: not after the threads that may be loading a model

@@ -116,21 +116,23 @@ def engine_snapshot() -> list[Metric]:
 
 
 class _CoreMetrics(Collector):
-    """The engine core's metrics as it last sent them (before its first report: zeros)."""
+    """The engine core's metrics as it last sent them. Before a core's first report there are
+    none: this process's own engine registry may hold another core's counts (an in-process
+    one), and a scrape must never mix two cores."""
 
-    latest: list[Metric] | None = None
+    latest: list[Metric] = []
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self.latest if self.latest is not None else ENGINE.collect())
+        return iter(self.latest)
 
 
 _CORE = _CoreMetrics()
 REGISTRY.register(_CORE)
 
 
-def core_report(snapshot: list[Metric] | None) -> None:
-    """Serve the metrics the engine core sent (`engine_snapshot` there); None: a new core
-    has not reported yet."""
+def core_report(snapshot: list[Metric]) -> None:
+    """Serve the metrics the engine core sent (`engine_snapshot` there); [] for a new core
+    that has not reported yet."""
     _CORE.latest = snapshot
 
 

@@ -1,8 +1,26 @@
 """Fixtures the worker's tests share."""
 
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from engine.runner import Runner
+from worker.core import EngineCore
+
+
+@pytest.fixture
+def core() -> Iterator[Callable[..., EngineCore]]:
+    """Start engine cores (EngineCore's arguments) that end with the test: a core left
+    running would go on sending its reports into this process's metrics."""
+    started: list[EngineCore] = []
+
+    def start(*args, **kwargs) -> EngineCore:
+        started.append(EngineCore(*args, **kwargs))
+        return started[-1]
+
+    yield start
+    for engines in started:
+        engines.close()
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from worker.batching import Batcher, Cancelled
 from worker.contract.jobs import JobInput, JobOptions, JobRecord, JobStatus, JobStore, new_job_id
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
-from worker.core import EngineCore
 from worker.execute import JobCancelled, Stored, execute
 from worker.storage import Storage
 from worker.tasks import transcribe
@@ -72,11 +71,11 @@ def test_a_pending_input_cancelled_never_starts(clips, encoded):
     assert encoded == [2] and not stream.busy
 
 
-def test_the_job_thread_stops_when_its_wait_says_cancelled(clips):
+def test_the_job_thread_stops_when_its_wait_says_cancelled(clips, core):
     """EngineCore.transcribe asks `on_wait` every `wait_s`, with the input's progress as the
     core reports it; True: Cancelled, and the input leaves the core's stream. With one slot,
     the next input could not start while the cancelled one held it."""
-    engines = EngineCore(Settings(models="tiny.en", device="cpu"), slots=1)
+    engines = core(Settings(models="tiny.en", device="cpu"), slots=1)
     asked = threading.Event()
 
     def on_wait(call) -> bool:

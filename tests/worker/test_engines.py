@@ -8,7 +8,7 @@ import torch
 
 from worker.contract.jobs import JobOptions
 from worker.contract.settings import Settings
-from worker.core import EngineCore, InProcess
+from worker.core import InProcess
 from worker.engines import Engines, UnknownModel, job_seed
 
 
@@ -35,8 +35,8 @@ def test_a_jobs_seed_is_its_own_or_derived_from_its_input_and_options():
     assert all(0 <= job_seed(bytes([i]), options) < 2**63 for i in range(256))
 
 
-def test_the_result_carries_the_seed_it_was_sampled_with(clips):
-    engines = EngineCore(Settings(models="tiny.en", device="cpu"))
+def test_the_result_carries_the_seed_it_was_sampled_with(clips, core):
+    engines = core(Settings(models="tiny.en", device="cpu"))
     data = clips["en_jfk"].bytes
     derived = engines.transcribe("tiny.en", data, JobOptions())
     assert derived.seed == job_seed(data, JobOptions()) and derived.options.seed is None
@@ -68,7 +68,7 @@ def test_slot_pool_is_sized_from_the_memory_budget():
     assert engine.encoder_batch <= engine.n_slots
 
 
-def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips):
+def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips, core):
     from engine.slots import slot_bytes
 
     budget = 100 * 1024**2
@@ -80,14 +80,13 @@ def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips)
     fp8 = torch.float8_e4m3fn
     assert engine.n_slots == budget // slot_bytes(engine.loaded.dims, torch.float32, fp8) == 10
     assert engine.runner().slots.cache.cross_k.dtype == fp8
-    core = EngineCore(engines.settings)
-    text = core.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions()).text
+    text = core(engines.settings).transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions()).text
     assert "ask not what your country can do for you" in text.lower()
     with pytest.raises(ValueError, match="cross_kv"):
         Settings(cross_kv="int4")
 
 
-def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, monkeypatch):
+def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, monkeypatch, core):
     from engine import Engine
     from engine.runner import Runner
     from worker.batching import EngineFailed
@@ -95,7 +94,7 @@ def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, mo
     settings = Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2)
     opened, open_model = [], Engine.open
     monkeypatch.setattr(Engine, "open", lambda c: opened.append(open_model(c)) or opened[-1])
-    engines = EngineCore(settings, context=InProcess)  # where the patches below reach
+    engines = core(settings, context=InProcess)  # where the patches below reach
     engines.load("tiny.en")
     stream = opened[0]
     before = stream.engine.n_slots

@@ -13,7 +13,6 @@ from tests.conftest import free_port
 from worker import metrics
 from worker.contract.jobs import JobInput, JobRecord, JobStore, new_job_id
 from worker.contract.settings import Settings
-from worker.core import EngineCore
 from worker.execute import execute
 from worker.storage import Storage
 from worker.tasks import transcribe
@@ -56,7 +55,7 @@ def samples(name: str, **labels: str) -> float:
 
 
 def test_a_jobs_time_is_told_by_stage_and_the_engine_by_its_busy_seconds(
-    settings, clips, monkeypatch
+    settings, clips, monkeypatch, core
 ):
     """Each stage of a real job on tiny.en is observed once, under its priority; the engine's
     steps count as busy time."""
@@ -74,7 +73,7 @@ def test_a_jobs_time_is_told_by_stage_and_the_engine_by_its_busy_seconds(
     stages = ("queue", "fetch", "decode", "engine", "store")
     count = "whisperfleet_job_stage_seconds_count"
     before = {s: samples(count, stage=s, priority="bulk") for s in stages}
-    engines = EngineCore(settings)  # its metrics replace those of the tests' earlier cores
+    engines = core(settings)  # the process's only core: the metrics are its own
     engines.load("tiny.en")
     busy = samples("whisperfleet_engine_busy_seconds_total")
 
