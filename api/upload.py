@@ -149,7 +149,9 @@ async def receive_upload(
     digest = hashlib.sha256()
     current: str | None = None
     value = bytearray()
-    seen: set[str] = set()  # a field twice is ambiguous (which one counts?): refused
+    # a field twice is ambiguous (which one counts?): refused, except a list (`name[]`, sent
+    # as repeated parts, as the openai client sends them), whose values are joined with ","
+    seen: set[str] = set()
     received = 0
     async for chunk in request.stream():
         received += len(chunk)
@@ -166,7 +168,7 @@ async def receive_upload(
         for kind, data in parts.events:
             if kind == "begin":
                 (current, filename), value = data, bytearray()
-                if current in seen:
+                if current in seen and not current.endswith("[]"):
                     raise ApiError(
                         422,
                         "invalid_request",
@@ -200,7 +202,8 @@ async def receive_upload(
                     )
             elif kind == "end" and current != "file" and current is not None:
                 if text := value.decode("utf-8", "replace").strip():  # empty: omitted
-                    upload.fields[current] = text
+                    before = upload.fields.get(current)
+                    upload.fields[current] = f"{before},{text}" if before else text
         parts.events.clear()
     if "file" not in seen:
         raise ApiError(

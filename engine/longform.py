@@ -26,7 +26,10 @@ from engine.mel import CHUNK_LENGTH, FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SA
 from engine.options import TranscriptionOptions
 from engine.result import Segment
 from engine.runner import LanguageGuess
+from engine.timing import TokenTimes, place_words, segment_words
 from engine.tokenizer import Tokenizer
+
+Piece = tuple[float, float, list[int]]  # a segment to be: (start s, end s, tokens)
 
 
 @dataclass
@@ -45,7 +48,7 @@ TIME_PRECISION = CHUNK_LENGTH / 1500  # seconds per timestamp token (0.02)
 
 def split_segments(
     tokens: list[int], tokenizer: Tokenizer, window: Window
-) -> tuple[list[tuple[float, float, list[int]]], int]:
+) -> tuple[list[Piece], int]:
     """Cut a window's tokens into (start, end, tokens) at timestamp pairs; return them and
     how many frames of the window they cover: up to the last complete timestamp (the text
     after it is unfinished and decoded again from there), or the whole window when the output
@@ -83,6 +86,7 @@ class Request:
     language: str | None = None
     language_probability: float | None = None
     segments: list[Segment] = field(default_factory=list)
+    speech_end: float = 0.0  # where speech last ended (word timestamps)
 
     def __post_init__(self) -> None:
         self.language = self.options.language or (None if self.tokenizer.is_multilingual else "en")
@@ -122,7 +126,9 @@ class Request:
         """Windows that can be decoded now."""
         raise NotImplementedError
 
-    def accept(self, window: Window, result: WindowResult) -> None:
+    def accept(self, window: Window, result: WindowResult, times: TokenTimes | None = None) -> None:
+        """Take a window's result; times: its text tokens' (`engine.timing`), for word
+        timestamps."""
         raise NotImplementedError
 
     @property
@@ -133,12 +139,23 @@ class Request:
     def done_seconds(self) -> float:
         raise NotImplementedError
 
-    def _segments(self, window: Window, result: WindowResult) -> tuple[list[Segment], int]:
-        window_end = window.offset + window.size / FRAMES_PER_SECOND
+    def pieces(self, window: Window, result: WindowResult) -> tuple[list[Piece], int]:
+        """What a window's result adds: its (start, end, tokens) pieces, and how many of its
+        frames they cover (all of them for silence, which adds nothing)."""
+        if self.options.is_silence(result):
+            return [], window.size
         if self.options.timestamps:
-            pieces, advance = split_segments(result.tokens, self.tokenizer, window)
-        else:  # one piece, the whole window: a timestamp token here means nothing
-            pieces, advance = [(window.offset, window_end, result.tokens)], window.size
+            return split_segments(result.tokens, self.tokenizer, window)
+        # one piece, the whole window: a timestamp token here means nothing
+        return [
+            (window.offset, window.offset + window.size / FRAMES_PER_SECOND, result.tokens)
+        ], window.size
+
+    def _segments(
+        self, window: Window, result: WindowResult, times: TokenTimes | None
+    ) -> tuple[list[Segment], int]:
+        window_end = window.offset + window.size / FRAMES_PER_SECOND
+        pieces, advance = self.pieces(window, result)
         out = []
         for start, end, tokens in pieces:
             # The model may place an end past the audio it heard: keep segments inside it.
@@ -146,8 +163,6 @@ class Request:
             start = min(start, end)
             # the whole window as one piece (no timestamp pairs): its text is decoded already
             text = result.text if tokens is result.tokens else self.tokenizer.decode(tokens)
-            if start == end or not text.strip():  # instantaneous or empty: no segment
-                continue
             out.append(
                 Segment(
                     id=0,
@@ -161,7 +176,19 @@ class Request:
                     temperature=result.temperature,
                 )
             )
-        return out, advance
+        if times is not None:
+            eot = self.tokenizer.eot
+            texts = [[t for t in s.tokens if t < eot] for s in out]
+            words = segment_words(self.tokenizer, texts, self.language or "en", times)
+            out, self.speech_end = place_words(
+                out, words, window.offset, self.speech_end_before(window)
+            )
+        # instantaneous or empty: no segment (after the words, which count every piece's tokens)
+        return [s for s in out if s.start != s.end and s.text.strip()], advance
+
+    def speech_end_before(self, window: Window) -> float:
+        """Where speech last ended before this window (word timestamps' first-word fix)."""
+        return window.offset
 
 
 class SequentialRequest(Request):
@@ -195,12 +222,23 @@ class SequentialRequest(Request):
         self.outstanding = True
         yield Window(self.seek, size, self.source.window(self.seek))
 
-    def accept(self, window: Window, result: WindowResult) -> None:
+    def speech_end_before(self, window: Window) -> float:
+        return self.speech_end  # windows come in order
+
+    def accept(self, window: Window, result: WindowResult, times: TokenTimes | None = None) -> None:
         self.outstanding = False
         if self.options.is_silence(result):
             self.seek += window.size
             return
-        segments, advance = self._segments(window, result)
+        segments, advance = self._segments(window, result, times)
+        ends = [w.end for s in segments for w in s.words or ()]
+        if ends and advance < window.size:
+            # the text after the last complete timestamp is decoded again from there; with
+            # word timestamps, not from inside a word already given (as in openai-whisper,
+            # the next window starts where the last word ended; here never earlier than the
+            # last timestamp, which would decode again what is kept)
+            last_word = round((ends[-1] - window.offset) * FRAMES_PER_SECOND)
+            advance = min(max(advance, last_word), window.size)
         for s in segments:
             self.segments.append(Segment(**{**s.__dict__, "id": len(self.segments)}))
             self.all_tokens.extend(s.tokens)
@@ -255,13 +293,10 @@ class ChunkedRequest(Request):
             self.pending += 1
             yield Window(seek, size, mel)
 
-    def accept(self, window: Window, result: WindowResult) -> None:
+    def accept(self, window: Window, result: WindowResult, times: TokenTimes | None = None) -> None:
         self.pending -= 1
-        if self.options.is_silence(result):
-            segments, advance = [], window.size
-        else:
-            segments, advance = self._segments(window, result)
-            advance = max(advance, 1)
+        segments, advance = self._segments(window, result, times)
+        advance = max(advance, 1)
         self.decoded_frames += min(advance, window.size)
         self.by_seek[window.seek] = segments
         if advance < window.size:

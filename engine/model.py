@@ -26,7 +26,7 @@ The network knows nothing of requests, tokens' meaning or decoding policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -220,6 +220,17 @@ class Where:
         return cls(positions, batch, n_keys, mask, None, triton)
 
 
+@dataclass
+class CrossWeights:
+    """Cross-attention weights to keep from a pass over several tokens a row (word timestamps,
+    `engine.timing`): heads, layer -> the heads of it to keep; qk, filled in by the pass, per
+    layer in `heads` in order: the scaled query-key products before the softmax, shape =
+    (batch, len(heads[layer]), n_tokens, n_audio_ctx)."""
+
+    heads: dict[int, list[int]]
+    qk: list[Tensor] = field(default_factory=list)
+
+
 class DecoderBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int, n_ff: int):
         super().__init__()
@@ -231,7 +242,15 @@ class DecoderBlock(nn.Module):
         self.fc1 = nn.Linear(n_state, n_ff)
         self.fc2 = nn.Linear(n_ff, n_state)
 
-    def forward(self, x: Tensor, at: Where, rows: slice, cache: KVCache, layer: int) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        at: Where,
+        rows: slice,
+        cache: KVCache,
+        layer: int,
+        weights: CrossWeights | None = None,
+    ) -> Tensor:
         h = self.attn.n_head
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
         # Write this step's keys/values at each row's own positions, then attend over the
@@ -253,10 +272,15 @@ class DecoderBlock(nn.Module):
         else:
             a = F.scaled_dot_product_attention(split_heads(q, h), keys, values, attn_mask=at.mask)
             x = x + self.attn.out(merge_heads(a))
-            q = self.cross_attn.q(self.cross_attn_ln(x))
-            a = F.scaled_dot_product_attention(
-                split_heads(q, h), cross_k.to(q.dtype), cross_v.to(q.dtype)
-            )
+            q = split_heads(self.cross_attn.q(self.cross_attn_ln(x)), h)
+            cross_k, cross_v = cross_k.to(q.dtype), cross_v.to(q.dtype)
+            keep = weights.heads.get(layer) if weights else None
+            if keep is None:
+                a = F.scaled_dot_product_attention(q, cross_k, cross_v)
+            else:  # the same attention, spelt out to keep its weights
+                qk = (q @ cross_k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+                weights.qk.append(qk[:, keep])
+                a = qk.float().softmax(dim=-1).to(q.dtype) @ cross_v
             a = merge_heads(a)
         x = x + self.cross_attn.out(a)
         return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
@@ -282,6 +306,7 @@ class TextDecoder(nn.Module):
         cache: KVCache,
         n_keys: int | None = None,
         triton: bool = False,
+        weights: CrossWeights | None = None,
     ) -> Tensor:
         """
         tokens, positions: shape = (batch, n_tokens), each row's next tokens and their positions
@@ -289,13 +314,14 @@ class TextDecoder(nn.Module):
         n_keys: self-attention positions to read (a fixed bucket under CUDA graphs); default:
             the furthest position in the batch + 1
         triton: decode steps attend through the Triton kernel (on CUDA)
+        weights: cross-attention weights to keep (several tokens a row only)
         returns: logits, shape = (batch, n_tokens, n_vocab), in the model's dtype: a view of
             the padded head's output, so rows are strided
         """
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
         at = Where.of(positions, n_keys or int(positions.max()) + 1, triton)
         for layer, block in enumerate(self.blocks):
-            x = block(x, at, rows, cache, layer)
+            x = block(x, at, rows, cache, layer, weights)
         x = self.ln(x)
         return F.linear(x, self.token_embedding.weight)[..., : self.n_vocab]
 

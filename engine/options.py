@@ -19,6 +19,7 @@ class TranscriptionOptions:
     language: str | None = None  # ISO 639-1; None: detect from the first window
     mode: str = "sequential"  # or "chunked" (engine.longform)
     timestamps: bool = True  # segment timestamps; without them each window is one segment
+    word_timestamps: bool = False  # each segment's words, timed (engine.timing)
 
     # decoding with fallback: retry a window at the next temperature while its output is too
     # repetitive (compression ratio above) or too improbable (average log-prob below),

@@ -6,6 +6,14 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
+class Word:
+    word: str  # as in the text: its leading space, the punctuation around it merged in
+    start: float  # seconds from the start of the audio
+    end: float
+    probability: float  # mean probability of its tokens
+
+
+@dataclass(frozen=True)
 class Segment:
     id: int
     start: float  # seconds from the start of the audio
@@ -16,6 +24,7 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     temperature: float
+    words: list[Word] | None = None  # with the option word_timestamps
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,13 @@ class Transcription:
     segments: list[Segment]
     model: str
     options: dict = field(default_factory=dict)
+
+    @property
+    def words(self) -> list[Word] | None:
+        """Every segment's words, in order; None without word timestamps."""
+        if not self.options.get("word_timestamps"):
+            return None
+        return [w for s in self.segments for w in s.words or ()]
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -30,8 +30,9 @@ from engine.longform import REQUESTS, Request, Window
 from engine.mel import SAMPLE_RATE
 from engine.options import TranscriptionOptions
 from engine.result import Transcription
-from engine.runner import Runner
+from engine.runner import DecodedWindow, Runner
 from engine.slots import Sequence as Slotted
+from engine.timing import Aligned, Aligner, TokenTimes
 
 if TYPE_CHECKING:
     from engine.engine import Engine, Input
@@ -89,6 +90,7 @@ class Stream:
         self.engine = engine
         self.stats = StreamStats()
         self._runner: Runner = engine.runner()
+        self._aligner: Aligner | None = None  # once an input asks for word timestamps
         self._inputs: dict[Hashable, _Input] = {}  # every input not yet handed back
         self._arrivals = itertools.count()
         self._new: list[_Input] = []  # submitted, source not yet opened
@@ -186,15 +188,22 @@ class Stream:
             decode_s=launched - opened + time.perf_counter() - admitted,
             windows=windows,
         )
+        done = []
         for d in decoded:
             entry, window = d.sequence.owner
-            r, options = entry.request, entry.options
             retry = d.sequence.attempt + 1
-            if options.needs_fallback(d.result) and retry < len(options.temperature):
-                runner.restart(d.slot, r.task(window, options.temperature[retry]), retry)
-                continue
+            if entry.options.needs_fallback(d.result) and retry < len(entry.options.temperature):
+                runner.restart(
+                    d.slot, entry.request.task(window, entry.options.temperature[retry]), retry
+                )
+            else:
+                done.append(d)
+        times = self._time_tokens(done)  # while their slots hold their cross-attention K/V
+        for d in done:
+            entry, window = d.sequence.owner
+            r = entry.request
             runner.release(d.slot)
-            r.accept(window, d.result)
+            r.accept(window, d.result, times.get(d.slot))
             if entry.progress:
                 entry.progress(r.done_seconds, r.source.duration)
             if r.done:
@@ -292,6 +301,26 @@ class Stream:
             [Slotted((e, w), e.request.task(w, e.options.temperature[0])) for e, w in batch],
         )
         return len(batch)
+
+    def _time_tokens(self, done: list[DecodedWindow]) -> dict[int, TokenTimes | None]:
+        """slot -> the times of its window's text tokens, for the finished windows of inputs
+        that ask for word timestamps: the text the window adds, timed in one pass."""
+        asking = []
+        for d in done:
+            entry, window = d.sequence.owner
+            if entry.options.word_timestamps:
+                pieces, _ = entry.request.pieces(window, d.result)
+                tokens = [
+                    t for *_, piece in pieces for t in piece if t < self.engine.loaded.tokenizer.eot
+                ]
+                task = d.sequence.task
+                asking.append(Aligned(d.slot, tokens, task.language, task.task, window.size))
+        if not asking:
+            return {}
+        if self._aligner is None:
+            self._aligner = Aligner(self.engine.loaded)
+        timed = self._aligner.align(self._runner.slots.cache, asking)
+        return {a.slot: times for a, times in zip(asking, timed, strict=True)}
 
     def _result(self, entry: _Input) -> Transcription:
         r, tok = entry.request, self.engine.loaded.tokenizer

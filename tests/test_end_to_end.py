@@ -229,6 +229,41 @@ def test_long_audio_and_subtitle_formats(api_url, clips):
     assert verbose["language"] == "english" and verbose["segments"][-1]["end"] > 30
 
 
+def test_word_timestamps_through_the_queue_match_transformers(api_url, clips):
+    """REST -> queue -> worker -> stored result: the words, their times near transformers' own
+    on the same weights (engine.tools.word_timing), and a subtitle cue per word."""
+    import soundfile as sf
+
+    from engine.loader import model_dir
+    from engine.tools.word_timing import ClipWords, transformers_words
+
+    url, _ = api_url
+    clip = clips["en_librispeech_1272-128104-0000"]
+    job = run_job(url, clip.bytes, "clip.flac", word_timestamps="true", temperature="0")
+    assert job["status"] == "succeeded" and job["options"]["word_timestamps"] is True, job
+    result = httpx.get(f"{url}/v1/jobs/{job['id']}/result").json()
+    assert result["words"] == [w for s in result["segments"] for w in s["words"]]
+    reference = transformers_words(model_dir("tiny.en"))(sf.read(clip.path, dtype="float32")[0])
+    compared = ClipWords(
+        clip.path.name, [(w["word"], w["start"], w["end"]) for w in result["words"]], reference
+    )
+    assert compared.same_words, (compared.ours, compared.theirs)
+    gaps = compared.gaps()
+    assert gaps["start"].mean() <= 0.1 and gaps["end"].mean() <= 0.1, gaps
+    vtt = httpx.get(
+        f"{url}/v1/jobs/{job['id']}/result", params={"format": "vtt", "granularity": "word"}
+    )
+    assert vtt.text.count(" --> ") == len(result["words"])
+    verbose = httpx.get(f"{url}/v1/jobs/{job['id']}/result?format=verbose_json").json()
+    assert verbose["words"] == result["words"]
+    plain = run_job(url, clip.bytes, "clip.flac", temperature="0")  # no words asked: none given
+    refused = httpx.get(
+        f"{url}/v1/jobs/{plain['id']}/result", params={"format": "srt", "granularity": "word"}
+    )
+    assert refused.status_code == 422 and "word_timestamps" in refused.json()["error"]["message"]
+    assert "words" not in httpx.get(f"{url}/v1/jobs/{plain['id']}/result").json()
+
+
 def test_english_only_model_refuses_a_translate_job_at_submission(api_url, clips):
     url, _ = api_url
     files = {"file": ("jfk.flac", clips["en_jfk"].bytes)}

@@ -271,15 +271,23 @@ def _transcribe(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "prompt": args.prompt,
         "timestamps": args.timestamps,
+        "word_timestamps": args.word_timestamps or args.granularity == "word",
         "seed": args.seed,
     }
+    writer = WRITERS[args.format]
+    if args.granularity not in writer.granularities:  # before any work, not after it
+        print(
+            f"whisperfleet transcribe: --granularity {args.granularity} applies to "
+            f"{', '.join(f for f, w in WRITERS.items() if args.granularity in w.granularities)}",
+            file=sys.stderr,
+        )
+        return 2
     try:  # the values a job may take, checked as the API checks them
         options = JobCreate.parse({k: v for k, v in fields.items() if v is not None}).options
     except OptionError as e:
         print(f"whisperfleet transcribe: {e}", file=sys.stderr)
         return 2
     stream = _engine(args)
-    writer = WRITERS[args.format]
     failed = 0
     for path in args.files:
         with tqdm(total=0, unit="s", desc=Path(path).name, file=sys.stderr, leave=False) as bar:
@@ -295,7 +303,7 @@ def _transcribe(args: argparse.Namespace) -> int:
                 print(f"{path}: {e}", file=sys.stderr)
                 failed += 1
                 continue
-        text = writer.render(transcript(result, options))
+        text = writer.render(transcript(result, options), args.granularity)
         if args.output_dir:
             out = Path(args.output_dir) / f"{Path(path).stem}.{writer.extension}"
             out.write_text(text, encoding="utf-8")
@@ -453,8 +461,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="no segment timestamps: each 30 s window is one segment",
     )
+    p.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="time each word (`words` in json and verbose_json)",
+    )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA if present)")
     p.add_argument("--format", choices=list(WRITERS), default="text")
+    p.add_argument(
+        "--granularity",
+        choices=("segment", "word"),
+        default="segment",
+        help="srt and vtt: a cue per segment, or per word (implies --word-timestamps)",
+    )
     p.add_argument("--prompt", help="text as if it came before the audio (names, spellings)")
     p.add_argument(
         "--seed", help="for sampling (temperature fallback); default: derived from the file"

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from dataclasses import asdict
 
 from engine import Engine, EngineConfig, Stream, Transcription, TranscriptionOptions
 from worker.batching import Batcher, DeviceFaultHandler
@@ -35,8 +36,10 @@ def job_seed(data: bytes, options: JobOptions) -> int:
     carries it (a retry, a resubmission, a backfill) and whichever worker runs it."""
     if options.seed is not None:
         return options.seed
-    # options left at their defaults are not hashed: a new option changes no derived seed
-    digest = hashlib.blake2b(options.model_dump_json(exclude_defaults=True).encode(), digest_size=8)
+    # options left at their defaults are not hashed: a new option changes no derived seed;
+    # nor are word timestamps, which change no text
+    dumped = options.model_dump_json(exclude_defaults=True, exclude={"word_timestamps"})
+    digest = hashlib.blake2b(dumped.encode(), digest_size=8)
     digest.update(b"\0")  # JSON never holds a raw NUL: options and bytes cannot run together
     digest.update(data)
     return int.from_bytes(digest.digest(), "big") % SEED_LIMIT
@@ -58,6 +61,7 @@ def engine_options(options: JobOptions, data: bytes) -> TranscriptionOptions:
         language=options.language,
         mode=options.mode,
         timestamps=options.timestamps,
+        word_timestamps=options.word_timestamps,
         initial_prompt=options.prompt,
         seed=job_seed(data, options),
     )
@@ -66,8 +70,14 @@ def engine_options(options: JobOptions, data: bytes) -> TranscriptionOptions:
 def transcript(transcription: Transcription, options: JobOptions) -> TranscriptResult:
     """The engine's transcription as the job's result, carrying the job's options and the seed
     it was sampled with (the engine's record of its options holds it)."""
+    words = transcription.words
     return TranscriptResult.model_validate(
-        {**transcription.to_dict(), "options": options, "seed": transcription.options["seed"]}
+        {
+            **transcription.to_dict(),
+            "words": None if words is None else [asdict(w) for w in words],
+            "options": options,
+            "seed": transcription.options["seed"],
+        }
     )
 
 

@@ -21,7 +21,7 @@ from api.deps import (
 from api.errors import ApiError, error_answers
 from api.schemas import JobList, JobPublic, ResultUrl, text_results
 from api.submit import SubmitterDep
-from worker.contract.formats import WRITERS
+from worker.contract.formats import WRITERS, Granularity, GranularityError
 from worker.contract.jobs import TERMINAL, JobError, JobRecord, JobStatus, TransitionError
 from worker.contract.options import JobCreate, SourceJob
 from worker.contract.results import TranscriptResult
@@ -181,12 +181,20 @@ async def read_result(
     storage: StorageDep,
     settings: SettingsDep,
     format: ResultFormat = ResultFormat.json,
+    granularity: Annotated[
+        Granularity,
+        Query(
+            description="srt and vtt: a cue per segment, or per word (a job run with "
+            "word_timestamps)"
+        ),
+    ] = "segment",
     download: Literal["url"] | None = None,
 ) -> Response:
     """The transcript of a succeeded job: `json` (whisperfleet's result), `verbose_json`
-    (OpenAI's shape), `text`, `srt` or `vtt`; with `download=url`, a presigned URL of the
-    stored `json` result instead. A failed job answers 409 `job_failed` with its reason, a
-    cancelled one `job_cancelled`, one not yet done `not_ready`."""
+    (OpenAI's shape), `text`, `srt` or `vtt` (`granularity=word`: a cue per word); with
+    `download=url`, a presigned URL of the stored `json` result instead. A failed job answers
+    409 `job_failed` with its reason, a cancelled one `job_cancelled`, one not yet done
+    `not_ready`."""
     if job.status is JobStatus.failed:
         why = job.error.message if job.error else "no reason recorded"
         code = job.error.code if job.error else "internal"
@@ -198,12 +206,16 @@ async def read_result(
             409, "not_ready", f"job {job.id} is {job.status}; poll GET /v1/jobs/{job.id}"
         )
     if download is not None:
+        if granularity != "segment":
+            raise ApiError(422, "invalid_request", "download=url serves the stored json result")
         return _download(job, storage, settings, format)
     stored = await run_in_threadpool(storage.get, job.result_key)
     writer = WRITERS[format]
-    return Response(
-        writer.render(TranscriptResult.model_validate_json(stored)), media_type=writer.media_type
-    )
+    try:
+        body = writer.render(TranscriptResult.model_validate_json(stored), granularity)
+    except GranularityError as e:
+        raise ApiError(422, "invalid_request", str(e)) from None
+    return Response(body, media_type=writer.media_type)
 
 
 def _download(job: JobRecord, storage, settings, format: ResultFormat) -> Response:

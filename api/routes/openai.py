@@ -32,7 +32,7 @@ from worker.contract.options import (
     Task,
     values,
 )
-from worker.contract.results import TranscriptResult
+from worker.contract.results import TranscriptResult, TranscriptWord
 
 TRANSCRIBE, TRANSLATE = values(Task)
 router = APIRouter(prefix="/v1/audio", tags=["openai"])
@@ -68,6 +68,9 @@ class OpenAISegment(BaseModel):
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: list[TranscriptWord] | None = Field(
+        None, description="with timestamp_granularities[]=word: its words, timed"
+    )
 
 
 class OpenAIVerbose(BaseModel):
@@ -78,6 +81,9 @@ class OpenAIVerbose(BaseModel):
     duration: float = Field(description="seconds of audio")
     text: str
     segments: list[OpenAISegment]
+    words: list[TranscriptWord] | None = Field(
+        None, description="with timestamp_granularities[]=word: every word, timed"
+    )
 
 
 @dataclass
@@ -101,15 +107,10 @@ class _Form:
                 "invalid_option", f"response_format {fmt[:40]!r}: expected {', '.join(FORMATS)}"
             )
         granularities = {g.strip() for g in fields.pop(GRANULARITIES, "").split(",") if g.strip()}
-        if "word" in granularities:
+        if granularities - {"segment", "word"}:
             raise OptionError(
                 "invalid_option",
-                "word timestamps are not available yet; timestamp_granularities[] takes segment",
-            )
-        if granularities - {"segment"}:
-            raise OptionError(
-                "invalid_option",
-                f"timestamp_granularities[] {sorted(granularities)}: expected segment",
+                f"timestamp_granularities[] {sorted(granularities)[:4]}: expected segment, word",
             )
         if granularities and fmt != "verbose_json":
             raise OptionError(
@@ -121,7 +122,8 @@ class _Form:
         if fields.get("model") == OPENAI_MODEL:
             del fields["model"]  # the server's default model
         self.response_format = fmt
-        return JobCreate.parse({**fields, "task": self.task, "priority": "interactive"})
+        words = {"word_timestamps": True} if "word" in granularities else {}
+        return JobCreate.parse({**fields, **words, "task": self.task, "priority": "interactive"})
 
 
 def _form_schema(task: Task) -> dict:
@@ -156,9 +158,9 @@ def _form_schema(task: Task) -> dict:
         },
         GRANULARITIES: {
             "type": "array",
-            "items": {"type": "string", "enum": ["segment"]},
-            "description": "`segment` only (word timestamps are not available yet); needs "
-            "response_format=verbose_json",
+            "items": {"type": "string", "enum": ["segment", "word"]},
+            "description": "`segment` (always given) and `word` (`words` in the answer, at "
+            "its top level and in each segment); needs response_format=verbose_json",
         },
     }
     if task == TRANSLATE:
@@ -208,7 +210,7 @@ async def create_transcription(
 ) -> Response:
     """OpenAI's transcription endpoint: the audio's text in its own language. Fields: `file`,
     `model` (`whisper-1`: the default model), `language`, `prompt`, `response_format` (json,
-    verbose_json, text, srt, vtt), `temperature`, `timestamp_granularities[]` (segment).
+    verbose_json, text, srt, vtt), `temperature`, `timestamp_granularities[]` (segment, word).
 
     Waits for the job (queued at `interactive` priority); past the server's wait, 202 with
     the job and a `Location` to poll. A job that fails for its input answers 422 with the

@@ -227,15 +227,15 @@ def test_a_job_cancelled_while_waited_for_answers_409(client, settings, clips):
         (TRANSCRIBE, {"response_format": "xml"}, "invalid_option", ["response_format 'xml'"]),
         (
             TRANSCRIBE,
-            {"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+            {"response_format": "verbose_json", "timestamp_granularities[]": ["word", "char"]},
             "invalid_option",
-            ["word timestamps are not available yet"],
+            ["['char', 'word']: expected segment, word"],
         ),
-        (  # the openai client sends a list as repeated parts: one field sent twice, for now
+        (  # a list is sent as repeated parts; any other field twice is ambiguous
             TRANSCRIBE,
-            {"response_format": "verbose_json", "timestamp_granularities[]": ["segment", "word"]},
+            {"response_format": ["text", "srt"]},
             "invalid_request",
-            ["'timestamp_granularities[]' was sent twice"],
+            ["'response_format' was sent twice"],
         ),
         (
             TRANSCRIBE,
@@ -273,6 +273,22 @@ def test_segment_granularity_with_verbose_json_is_accepted(client, settings, cli
     )
     assert response.status_code == 200, response.text
     assert len(response.json()["segments"]) == 2
+
+
+@pytest.mark.parametrize("granularities", [["word"], ["segment", "word"], ["word", "segment"]])
+def test_word_granularity_asks_the_job_for_word_timestamps(
+    client, settings, store, clips, granularities
+):
+    """As the openai client sends a list: repeated parts, one value each."""
+    play_worker(settings, "succeeded")
+    response = post(
+        client,
+        data=clips["en_jfk"].bytes,
+        response_format="verbose_json",
+        **{"timestamp_granularities[]": granularities},
+    )
+    assert response.status_code == 200, response.text
+    assert only_job(store).options.word_timestamps is True
 
 
 def test_a_retry_with_the_same_idempotency_key_answers_the_first_job(

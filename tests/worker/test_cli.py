@@ -1,5 +1,7 @@
-"""`whisperfleet worker --gpus all` counts the GPUs without touching CUDA itself."""
+"""The command line: `worker --gpus all` counts the GPUs without touching CUDA itself; tenants;
+`transcribe` with word timestamps."""
 
+import json
 import os
 import subprocess
 import sys
@@ -47,3 +49,40 @@ def test_tenants_set_and_show_their_settings(settings):
     for bad in (["--source", "http://x/y"], ["--jobs-per-minute", "0"]):
         refused = cli("set", "acme", *bad)
         assert refused.returncode == 2 and "whisperfleet tenants" in refused.stderr
+
+
+def transcribe_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", "transcribe", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_transcribe_gives_word_timestamps_near_transformers(clips):
+    import soundfile as sf
+
+    from engine.loader import model_dir
+    from engine.tools.word_timing import ClipWords, transformers_words
+
+    clip = clips["en_jfk"]
+    done = transcribe_cli("--word-timestamps", "--format", "json", str(clip.path))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    ours = [(w["word"], w["start"], w["end"]) for w in result["words"]]
+    reference = transformers_words(model_dir("tiny.en"))(sf.read(clip.path, dtype="float32")[0])
+    compared = ClipWords(clip.path.name, ours, reference)
+    assert compared.same_words, (ours, reference)
+    gaps = compared.gaps()
+    assert gaps["start"].mean() <= 0.1 and gaps["end"].mean() <= 0.1, gaps
+    cues = transcribe_cli("--granularity", "word", "--format", "srt", str(clip.path))
+    assert cues.returncode == 0 and cues.stdout.count(" --> ") == len(ours), cues.stderr
+
+
+def test_word_cues_in_a_format_without_cues_is_refused_before_any_work(clips):
+    done = transcribe_cli("--granularity", "word", "--format", "text", str(clips["en_jfk"].path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "whisperfleet transcribe: --granularity word applies to srt, vtt"
+    ]

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from worker.contract.formats import WRITERS, format_timestamp
+from worker.contract.formats import WRITERS, GranularityError, format_timestamp
 from worker.contract.results import TranscriptResult
 
 # as stored: the fields in TranscriptResult's order, every job option
@@ -42,6 +42,7 @@ STORED = {
         "mode": "sequential",
         "prompt": None,
         "timestamps": True,
+        "word_timestamps": False,
         "temperature": None,
         "seed": None,
     },
@@ -107,3 +108,64 @@ def test_verbose_json_is_openais_shape():
         "compression_ratio",
         "no_speech_prob",
     }
+
+
+def with_words() -> TranscriptResult:
+    """RESULT as a job run with word_timestamps stores it: words per segment and in all."""
+    words = [
+        [(" Hello", 0.0, 0.6, 0.9), (" there.", 0.6, 1.5, 0.8)],
+        [(" General", 3661.005, 3662.2, 0.7), (" Kenobi.", 3662.2, 3663.0, 0.5)],
+    ]
+    timed = [
+        [dict(zip(("word", "start", "end", "probability"), w, strict=False)) for w in s]
+        for s in words
+    ]
+    stored = {
+        **STORED,
+        "segments": [{**s, "words": w} for s, w in zip(STORED["segments"], timed, strict=False)],
+        "words": [w for s in timed for w in s],
+        "options": {**STORED["options"], "word_timestamps": True},
+    }
+    return TranscriptResult.model_validate_json(json.dumps(stored))
+
+
+def test_a_result_without_words_is_stored_without_the_keys():
+    """Results of jobs that did not ask are stored as before word timestamps existed."""
+    stored = json.loads(WRITERS["json"].render(RESULT))
+    assert "words" not in stored and all("words" not in s for s in stored["segments"])
+
+
+def test_words_in_json_and_verbose_json():
+    result = with_words()
+    stored = json.loads(WRITERS["json"].render(result))
+    assert [w["word"] for w in stored["words"]] == [" Hello", " there.", " General", " Kenobi."]
+    assert stored["segments"][1]["words"][0] == {
+        "word": " General",
+        "start": 3661.005,
+        "end": 3662.2,
+        "probability": 0.7,
+    }
+    verbose = json.loads(WRITERS["verbose_json"].render(result))
+    assert verbose["words"] == stored["words"]  # OpenAI's top-level words
+    assert [len(s["words"]) for s in verbose["segments"]] == [2, 2]
+
+
+def test_subtitles_a_cue_per_word():
+    result = with_words()
+    srt = WRITERS["srt"].render(result, "word")
+    assert srt.startswith("1\n00:00:00,000 --> 00:00:00,600\nHello\n\n2\n")
+    assert "4\n01:01:02,200 --> 01:01:03,000\nKenobi.\n" in srt
+    vtt = WRITERS["vtt"].render(result, "word")
+    assert vtt.count(" --> ") == 4 and "01:01:01.005 --> 01:01:02.200\nGeneral\n" in vtt
+    assert WRITERS["srt"].render(result) == WRITERS["srt"].render(RESULT)  # segments by default
+
+
+@pytest.mark.parametrize("fmt", ["json", "verbose_json", "text"])
+def test_word_cues_only_in_subtitles(fmt):
+    with pytest.raises(GranularityError, match="srt and vtt only"):
+        WRITERS[fmt].render(with_words(), "word")
+
+
+def test_word_cues_need_a_job_run_with_word_timestamps():
+    with pytest.raises(GranularityError, match="word_timestamps"):
+        WRITERS["vtt"].render(RESULT, "word")

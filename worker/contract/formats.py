@@ -2,15 +2,19 @@
 
 Light on purpose (no torch): the API renders results it reads from storage, and the CLI uses
 the same writers. One small writer per format, each with its media type and file extension.
+Subtitles are a cue per segment, or a cue per word (`granularity="word"`) for a result with
+word timestamps.
 """
 
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from worker.contract.languages import LANGUAGES
 from worker.contract.results import TranscriptResult
+
+Granularity = Literal["segment", "word"]
 
 
 def format_timestamp(seconds: float, decimal: str = ".", always_hours: bool = False) -> str:
@@ -23,12 +27,37 @@ def format_timestamp(seconds: float, decimal: str = ".", always_hours: bool = Fa
     return f"{head}{minutes:02d}:{secs:02d}{decimal}{ms:03d}"
 
 
+class GranularityError(ValueError):
+    """Word cues asked of a format that has none, or of a result without word timestamps."""
+
+
 class ResultWriter:
     extension: ClassVar[str]
     media_type: ClassVar[str]
+    granularities: ClassVar[tuple[str, ...]] = ("segment",)
 
-    def render(self, result: TranscriptResult) -> str:
+    def render(self, result: TranscriptResult, granularity: Granularity = "segment") -> str:
+        """The result in this format; granularity: a subtitle cue per segment or per word."""
+        if granularity not in self.granularities:
+            raise GranularityError(
+                f"granularity={granularity} applies to srt and vtt only: the json formats "
+                "carry the words of a job run with word_timestamps"
+            )
+        if granularity == "word" and result.words is None:
+            raise GranularityError(
+                "granularity=word needs a job run with word_timestamps=true; this one was not"
+            )
+        return self._render(result, granularity)
+
+    def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
         raise NotImplementedError
+
+
+def cues(result: TranscriptResult, granularity: Granularity) -> list[tuple[float, float, str]]:
+    """(start, end, text) of each subtitle cue."""
+    if granularity == "word":
+        return [(w.start, w.end, w.word.strip()) for w in result.words or ()]
+    return [(s.start, s.end, s.text.strip()) for s in result.segments]
 
 
 class WriteJSON(ResultWriter):
@@ -36,7 +65,7 @@ class WriteJSON(ResultWriter):
 
     extension, media_type = "json", "application/json"
 
-    def render(self, result: TranscriptResult) -> str:
+    def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
         return json.dumps(result.model_dump(), ensure_ascii=False)
 
 
@@ -45,7 +74,7 @@ class WriteVerboseJSON(ResultWriter):
 
     extension, media_type = "verbose.json", "application/json"
 
-    def render(self, result: TranscriptResult) -> str:
+    def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
         segments = [
             {
                 "id": s.id,
@@ -58,6 +87,7 @@ class WriteVerboseJSON(ResultWriter):
                 "avg_logprob": s.avg_logprob,
                 "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,
+                **({} if s.words is None else {"words": [w.model_dump() for w in s.words]}),
             }
             for s in result.segments
         ]
@@ -68,37 +98,41 @@ class WriteVerboseJSON(ResultWriter):
             "text": result.text,
             "segments": segments,
         }
+        if result.words is not None:
+            body["words"] = [w.model_dump() for w in result.words]
         return json.dumps(body, ensure_ascii=False)
 
 
 class WriteText(ResultWriter):
     extension, media_type = "txt", "text/plain; charset=utf-8"
 
-    def render(self, result: TranscriptResult) -> str:
+    def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
         return result.text + "\n"
 
 
 class WriteSRT(ResultWriter):
     extension, media_type = "srt", "application/x-subrip; charset=utf-8"
+    granularities = ("segment", "word")
 
-    def render(self, result: TranscriptResult) -> str:
-        cues = []
-        for i, s in enumerate(result.segments, start=1):
-            start = format_timestamp(s.start, ",", always_hours=True)
-            end = format_timestamp(s.end, ",", always_hours=True)
-            cues.append(f"{i}\n{start} --> {end}\n{s.text.strip()}\n")
-        return "\n".join(cues)
+    def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
+        out = []
+        for i, (start, end, text) in enumerate(cues(result, granularity), start=1):
+            start = format_timestamp(start, ",", always_hours=True)
+            end = format_timestamp(end, ",", always_hours=True)
+            out.append(f"{i}\n{start} --> {end}\n{text}\n")
+        return "\n".join(out)
 
 
 class WriteVTT(ResultWriter):
     extension, media_type = "vtt", "text/vtt; charset=utf-8"
+    granularities = ("segment", "word")
 
-    def render(self, result: TranscriptResult) -> str:
-        cues = []
-        for s in result.segments:
-            start, end = format_timestamp(s.start), format_timestamp(s.end)
-            cues.append(f"{start} --> {end}\n{s.text.strip()}\n")
-        return "\n".join(["WEBVTT\n", *cues])
+    def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
+        out = [
+            f"{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n"
+            for start, end, text in cues(result, granularity)
+        ]
+        return "\n".join(["WEBVTT\n", *out])
 
 
 WRITERS: dict[str, ResultWriter] = {

@@ -71,6 +71,11 @@ class JobOptions(BaseModel):
     timestamps: bool = Field(
         True, description="segment timestamps; without them each 30 s window is one segment"
     )
+    word_timestamps: bool = Field(
+        False,
+        description="each word's start and end (`words` in the result), from the attention of "
+        "the model's alignment heads: one more decoder pass a window for the jobs that ask",
+    )
     temperature: float | None = Field(
         None,
         ge=0,

@@ -11,6 +11,13 @@ from pydantic import BaseModel, Field
 from worker.contract.options import JobOptions
 
 
+class TranscriptWord(BaseModel):
+    word: str = Field(description="as in the text: its leading space, punctuation merged in")
+    start: float = Field(description="seconds from the start of the audio")
+    end: float = Field(description="seconds from the start of the audio")
+    probability: float = Field(description="mean probability of its tokens")
+
+
 class TranscriptSegment(BaseModel):
     id: int
     start: float = Field(description="seconds from the start of the audio")
@@ -21,6 +28,11 @@ class TranscriptSegment(BaseModel):
     compression_ratio: float = Field(description="of the window's text (gzip): high for loops")
     no_speech_prob: float = Field(description="probability that the window holds no speech")
     temperature: float = Field(description="the temperature that decoded it (0: greedy)")
+    words: list[TranscriptWord] | None = Field(
+        None,
+        description="its words, timed (with the option word_timestamps; else absent)",
+        exclude_if=lambda words: words is None,  # results without them are stored as before
+    )
 
 
 class TranscriptResult(BaseModel):
@@ -32,6 +44,11 @@ class TranscriptResult(BaseModel):
     duration: float = Field(description="seconds of audio")
     segments: list[TranscriptSegment]
     model: str
+    words: list[TranscriptWord] | None = Field(
+        None,
+        description="every segment's words in order (with word_timestamps; else absent)",
+        exclude_if=lambda words: words is None,
+    )
     options: JobOptions = Field(description="the job options that produced it")
     seed: int | None = Field(
         None,

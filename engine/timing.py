@@ -1,0 +1,352 @@
+"""Word timestamps from the cross-attention of finished windows: openai-whisper's method, run
+for many windows in one pass.
+
+A few cross-attention heads of a Whisper decoder follow the speech closely, its alignment heads
+(listed in the model's `generation_config.json`; for a model without a list, every head of the
+upper half of the layers, as openai-whisper does). Once a window is decoded, one more decoder
+pass over its text (no timestamp tokens), on the cross-attention K/V that its slot still holds,
+gives those heads' weights for each token. Normalised over the tokens, median-filtered along
+time and averaged over the heads, they make a token-by-time cost whose cheapest monotonic path
+(dynamic time warping) says where each token starts. Tokens join into words and punctuation
+into the word beside it; words longer than plausible are cut back at sentence and segment
+boundaries.
+
+Windows that do not ask pay nothing: the pass runs, outside the CUDA graphs, only for the
+windows of inputs that ask, after their last decode step and before their slots are freed.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.loader import LoadedModel
+from engine.mel import FRAMES_PER_SECOND
+from engine.model import CrossWeights, KVCache
+from engine.result import Segment, Word
+from engine.tokenizer import Tokenizer
+
+MEDIAN_FILTER_WIDTH = 7
+PASS_BYTES = 256 * 1024**2  # attention weights one alignment pass may hold (windows at once)
+PROMPT = 4  # tokens before a window's text in the pass: sot, language, task, notimestamps
+TOKENS_PER_SECOND = FRAMES_PER_SECOND // 2  # encoder positions a second (20 ms each)
+PREPEND_PUNCTUATION = "\"'“¿([{-"
+APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+SENTENCE_END = ".。!！?？"
+NO_SPACES = {"zh", "ja", "th", "lo", "my", "yue"}  # words split at characters instead
+
+
+def alignment_heads(loaded: LoadedModel) -> dict[int, list[int]]:
+    """layer -> its alignment heads: the model's own list, else every head of the upper half
+    of the layers."""
+    config = loaded.path / "generation_config.json"
+    pairs = json.loads(config.read_text()).get("alignment_heads") if config.exists() else None
+    d = loaded.dims
+    if not pairs:
+        half = range(d.n_text_layer // 2, d.n_text_layer)
+        pairs = [(layer, head) for layer in half for head in range(d.n_text_head)]
+    heads: dict[int, list[int]] = {}
+    for layer, head in pairs:
+        heads.setdefault(int(layer), []).append(int(head))
+    return dict(sorted(heads.items()))
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """A finished window to time: its slot (holding its cross-attention K/V), text tokens
+    (below end-of-text), language and task, and frames of content."""
+
+    slot: int
+    tokens: list[int]
+    language: str
+    task: str
+    n_frames: int
+
+
+@dataclass(frozen=True)
+class TokenTimes:
+    """When each text token of a window starts (seconds from the window's start; one more
+    entry: when the text ends) and how probable it was."""
+
+    starts: np.ndarray  # (n_tokens + 1,)
+    probabilities: np.ndarray  # (n_tokens,)
+
+    @classmethod
+    def of(cls, path: tuple[np.ndarray, np.ndarray], probabilities: np.ndarray) -> TokenTimes:
+        """From the path through (text tokens + end-of-text) x frames: a token starts where
+        the path first enters its row."""
+        rows, frames = path
+        entered = np.pad(np.diff(rows), (1, 0), constant_values=1).astype(bool)
+        return cls(frames[entered] / TOKENS_PER_SECOND, probabilities)
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    word: str
+    tokens: list[int]
+    start: float  # seconds from the window's start
+    end: float
+    probability: float
+
+
+class Aligner:
+    """Times the words of finished windows of one model."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.m = loaded
+        self.heads = alignment_heads(loaded)
+
+    @torch.inference_mode()
+    def align(self, cache: KVCache, windows: list[Aligned]) -> list[TokenTimes | None]:
+        """Each window's token times (None: no text): decoder passes over as many of them at
+        once as `PASS_BYTES` of kept weights allows, then the path search on the host."""
+        timed: list[TokenTimes | None] = [None] * len(windows)
+        todo = [i for i, w in enumerate(windows) if w.tokens]
+        d = self.m.dims
+        n_heads = sum(map(len, self.heads.values()))
+        longest = PROMPT + max((len(windows[i].tokens) for i in todo), default=0)
+        per_window = 4 * (n_heads + d.n_text_head) * longest * d.n_audio_ctx
+        group = max(1, PASS_BYTES // per_window)
+        for at in range(0, len(todo), group):
+            part = todo[at : at + group]
+            for i, times in zip(part, self._pass(cache, [windows[i] for i in part]), strict=True):
+                timed[i] = times
+        return timed
+
+    def _pass(self, cache: KVCache, windows: list[Aligned]) -> list[TokenTimes]:
+        tok, d, device = self.m.tokenizer, self.m.dims, self.m.device
+        starts = [tok.sot_sequence(w.language, w.task) for w in windows]
+        rows = [s + w.tokens + [tok.eot] for s, w in zip(starts, windows, strict=True)]
+        width = max(map(len, rows))
+        tokens = torch.tensor([r + [tok.eot] * (width - len(r)) for r in rows], device=device)
+        positions = torch.arange(width, device=device).expand(len(rows), -1)
+        slots = torch.tensor([w.slot for w in windows], device=device)
+        d_head = d.n_text_state // d.n_text_head
+        self_shape = (d.n_text_layer, len(rows), d.n_text_head, width, d_head)
+        scratch = KVCache(  # the windows' own cross-attention K/V; self-attention from scratch
+            self_k=torch.empty(self_shape, device=device, dtype=self.m.dtype),
+            self_v=torch.empty(self_shape, device=device, dtype=self.m.dtype),
+            cross_k=cache.cross_k[:, slots],
+            cross_v=cache.cross_v[:, slots],
+        )
+        weights = CrossWeights(self.heads)
+        logits = self.m.model.decoder(
+            tokens, positions, slice(0, len(rows)), scratch, width, weights=weights
+        )
+        qk = torch.cat(weights.qk, dim=1)  # (windows, heads, width, n_audio_ctx)
+        matrices, probabilities = [], []
+        for k, w in enumerate(windows):
+            n, first = len(rows[k]), len(starts[k]) - 1  # the row that predicts the 1st word
+            frames = max(1, min(w.n_frames // 2, d.n_audio_ctx))
+            a = qk[k, :, :n, :frames].float().softmax(dim=-1)
+            std, mean = torch.std_mean(a, dim=-2, keepdim=True, unbiased=False)
+            a = median_filter((a - mean) / std, MEDIAN_FILTER_WIDTH).mean(dim=0)
+            matrices.append(a[first : n - 1])
+            text = torch.tensor(w.tokens, device=device)[:, None]
+            p = logits[k, first : first + len(w.tokens), : tok.eot].float().softmax(dim=-1)
+            probabilities.append(p.gather(1, text)[:, 0])
+        host = [m.double().cpu().numpy() for m in matrices]
+        host_p = [p.cpu().numpy() for p in probabilities]
+        return [TokenTimes.of(dtw(-m), p) for m, p in zip(host, host_p, strict=True)]
+
+
+def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
+    """The median of each run of `width` along the last axis, edges reflected."""
+    pad = width // 2
+    if x.shape[-1] <= pad:
+        return x
+    x = F.pad(x, (pad, pad), mode="reflect")
+    return x.unfold(-1, width, 1).sort()[0][..., pad]
+
+
+def dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest monotonic path through costs x (tokens, frames), as (token indices, frame
+    indices) in order: openai-whisper's recurrence and tie-breaking, a token's row at a time.
+    Within a row, cost[i, j] = x[i, j] + min(cost[i-1, j-1], cost[i-1, j], cost[i, j-1])
+    unrolls into a running minimum over prefix sums, so each row is a few array operations."""
+    n, m = x.shape
+    cost = np.full((n + 1, m + 1), np.inf)
+    cost[0, 0] = 0.0
+    trace = np.full((n + 1, m + 1), 2, dtype=np.int8)  # 0: diagonal, 1: up, 2: left
+    for i in range(1, n + 1):
+        above = cost[i - 1]
+        diagonal_or_up = np.minimum(above[:-1], above[1:])
+        sums = np.concatenate(([0.0], np.cumsum(x[i - 1])))
+        cost[i, 1:] = np.minimum.accumulate(diagonal_or_up - sums[:-1]) + sums[1:]
+        c0, c1, c2 = above[:-1], above[1:], cost[i, :-1]
+        trace[i, 1:] = np.where((c0 < c1) & (c0 < c2), 0, np.where((c1 < c0) & (c1 < c2), 1, 2))
+    trace[:, 0] = 1
+    trace[0, :] = 2
+    i, j, path = n, m, []
+    while i > 0 or j > 0:
+        path.append((i - 1, j - 1))
+        step = trace[i, j]
+        i, j = (i - 1, j - 1) if step == 0 else (i - 1, j) if step == 1 else (i, j - 1)
+    tokens, frames = np.array(path[::-1]).T
+    return tokens, frames
+
+
+def split_words(
+    tokenizer: Tokenizer, tokens: list[int], language: str
+) -> tuple[list[str], list[list[int]]]:
+    """The tokens grouped into words (at spaces and punctuation; at characters in languages
+    written without spaces), each word's text with them."""
+    subwords, groups = _split_on_unicode(tokenizer, tokens)
+    if language in NO_SPACES:
+        return subwords, groups
+    words: list[str] = []
+    word_tokens: list[list[int]] = []
+    for subword, group in zip(subwords, groups, strict=True):
+        special = group[0] >= tokenizer.eot
+        if special or subword.startswith(" ") or subword.strip() in string.punctuation or not words:
+            words.append(subword)
+            word_tokens.append(list(group))
+        else:
+            words[-1] += subword
+            word_tokens[-1].extend(group)
+    return words, word_tokens
+
+
+def _split_on_unicode(tokenizer: Tokenizer, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+    """The tokens cut wherever what they decode to so far is whole characters."""
+    full, replacement = tokenizer.decode(tokens), "\ufffd"
+    words, groups, current, offset = [], [], [], 0
+    for token in tokens:
+        current.append(token)
+        decoded = tokenizer.decode(current)
+        if replacement not in decoded or full[offset + decoded.index(replacement)] == replacement:
+            words.append(decoded)
+            groups.append(current)
+            current = []
+            offset += len(decoded)
+    return words, groups
+
+
+def segment_words(
+    tokenizer: Tokenizer, segments: list[list[int]], language: str, times: TokenTimes
+) -> list[list[WordTiming]]:
+    """The words of each of a window's segments (its text tokens, the window's in order), with
+    the times at which their first token starts and the token after their last, and the mean
+    probability of their tokens. A word never spans two segments."""
+    out, first = [], 0
+    for tokens in segments:
+        words, groups = split_words(tokenizer, tokens, language)
+        timed = []
+        for word, group in zip(words, groups, strict=True):
+            last = first + len(group)
+            start, end = float(times.starts[first]), float(times.starts[last])
+            probability = float(times.probabilities[first:last].mean())
+            timed.append(WordTiming(word, group, start, end, probability))
+            first = last
+        out.append(timed)
+    return out
+
+
+def merge_punctuation(words: list[WordTiming]) -> list[WordTiming]:
+    """Opening punctuation joins the word after it, closing punctuation the word before."""
+    merged = list(words)
+    following = len(merged) - 1
+    for i in range(len(merged) - 2, -1, -1):
+        before, after = merged[i], merged[following]
+        if before.word.startswith(" ") and before.word.strip() in PREPEND_PUNCTUATION:
+            merged[following] = replace(
+                after, word=before.word + after.word, tokens=before.tokens + after.tokens
+            )
+            merged[i] = replace(before, word="", tokens=[])
+        else:
+            following = i
+    previous = 0
+    for j in range(1, len(merged)):
+        before, after = merged[previous], merged[j]
+        if not before.word.endswith(" ") and after.word in APPEND_PUNCTUATION:
+            merged[previous] = replace(
+                before, word=before.word + after.word, tokens=before.tokens + after.tokens
+            )
+            merged[j] = replace(after, word="", tokens=[])
+        else:
+            previous = j
+    return merged
+
+
+def place_words(
+    segments: list[Segment], words: list[list[WordTiming]], offset: float, last_speech: float
+) -> tuple[list[Segment], float]:
+    """Give each of a window's segments its words (`segment_words`; times from the window's
+    start, at `offset` s): words too long for their place are cut back at sentence and segment
+    boundaries, and a segment's start and end follow its first and last word's unless those
+    are implausible. Returns the segments and where speech last ended (`last_speech`, the end
+    of the window before's speech, going in)."""
+    flat = [t for timed in words for t in timed]
+    durations = np.array([t.end - t.start for t in flat])
+    durations = durations[durations.nonzero()]
+    median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
+    longest = median * 2
+    placed = []
+    for segment, timed in zip(segments, words, strict=True):
+        timed = merge_punctuation(_cut_at_sentences(timed, longest))
+        out = [
+            Word(
+                t.word,
+                round(offset + t.start, 2),
+                round(offset + t.end, 2),
+                round(t.probability, 4),
+            )
+            for t in timed
+            if t.word
+        ]
+        start, end = segment.start, segment.end
+        if out:
+            out, start, end = _fit(out, start, end, median, longest, last_speech)
+            last_speech = end
+        placed.append(replace(segment, start=start, end=end, words=out))
+    return placed, last_speech
+
+
+def _cut_at_sentences(words: list[WordTiming], longest: float) -> list[WordTiming]:
+    """A word at a sentence boundary lasts at most `longest` (twice the median word)."""
+    words = list(words)
+    if longest <= 0:
+        return words
+    for i in range(1, len(words)):
+        t = words[i]
+        if t.end - t.start > longest:
+            if t.word in SENTENCE_END:
+                words[i] = replace(t, end=t.start + longest)
+            elif words[i - 1].word in SENTENCE_END:
+                words[i] = replace(t, start=t.end - longest)
+    return words
+
+
+def _fit(
+    words: list[Word], start: float, end: float, median: float, longest: float, last_speech: float
+) -> tuple[list[Word], float, float]:
+    """openai-whisper's fixes at a segment's edges: the first word after a pause, and words
+    longer than the segment's own timestamps allow."""
+    first, last = words[0], words[-1]
+    second = words[1] if len(words) > 1 else None
+    if first.end - last_speech > median * 4 and (
+        first.end - first.start > longest
+        or (second is not None and second.end - first.start > longest * 2)
+    ):
+        if second is not None and second.end - second.start > longest:
+            boundary = max(second.end / 2, second.end - longest)
+            first, second = replace(first, end=boundary), replace(second, start=boundary)
+        first = replace(first, start=max(0.0, first.end - longest))
+    if start < first.end and start - 0.5 > first.start:
+        first = replace(first, start=max(0.0, min(first.end - median, start)))
+    else:
+        start = first.start
+    words = [first, *([second] if second is not None else []), *words[2:]]
+    last = words[-1]
+    if end > last.start and end + 0.5 < last.end:
+        last = replace(last, end=max(last.start + median, end))
+    else:
+        end = last.end
+    words[-1] = last
+    words = [replace(w, start=round(w.start, 2), end=round(w.end, 2)) for w in words]
+    return words, round(start, 3), round(end, 3)

@@ -1,0 +1,60 @@
+"""Word timestamps against transformers' own (`return_timestamps="word"`): same words, and the
+distribution of how far apart their times are (engine.tools.word_timing).
+
+python scripts/word_timestamps_check.py [--model tiny.en] [--manifest M] [--device cpu]
+
+Clips of up to 30 s in the manifest's languages that the model speaks (an English-only model:
+the English ones). Prints the table that docs/accuracy.md keeps, and what the words cost: the
+same clips in one batch through the engine with and without them (median of --runs).
+"""
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import soundfile as sf
+
+from engine import Engine, EngineConfig
+from engine.tools.evaluate import read_manifest
+from engine.tools.word_timing import OPTIONS, compare, summary
+
+DEV = Path(__file__).resolve().parents[1].parent / "shared" / "audio" / "dev" / "manifest.jsonl"
+TESTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "manifest.jsonl"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--manifest", type=Path, default=DEV if DEV.exists() else TESTS)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    stream = Engine.open(EngineConfig(model=args.model, device=args.device))
+    clips = read_manifest(args.manifest)
+    if not stream.engine.loaded.tokenizer.is_multilingual:
+        clips = [c for c in clips if c.language == "en"]
+    start = time.perf_counter()
+    results = compare(stream, clips)
+    print(f"{args.model} on {args.device}, {args.manifest} ({time.perf_counter() - start:.0f} s)")
+    print(summary(results))
+    audio = [sf.read(c.path, dtype="float32")[0] for c in clips if c.seconds <= 30]
+    print(f"\nthe engine on the {len(audio)} clips at once, median of {args.runs} runs (spread):")
+    for words in (False, True):
+        options = dataclasses.replace(OPTIONS, word_timestamps=words)
+        runs = []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            stream.transcribe(audio, options)
+            runs.append(time.perf_counter() - start)
+        print(
+            f"  word timestamps {'on ' if words else 'off'}: {statistics.median(runs):.2f} s "
+            f"({min(runs):.2f}-{max(runs):.2f})"
+        )
+    return 0 if results and all(r.same_words for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

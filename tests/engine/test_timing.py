@@ -1,0 +1,157 @@
+"""Word timestamps (engine.timing): the path search and the word rules against openai-whisper's,
+and the words of real speech against transformers' own on the same weights."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from engine import timing
+from engine.options import TranscriptionOptions
+from engine.timing import (
+    WordTiming,
+    alignment_heads,
+    dtw,
+    median_filter,
+    merge_punctuation,
+    split_words,
+)
+from engine.tools.evaluate import Clip as ManifestClip
+from engine.tools.word_timing import OPTIONS, compare, pooled
+from tests.conftest import open_stream, transcribe
+from tests.faults.fleet import long_speech
+
+WORDS = TranscriptionOptions(word_timestamps=True)
+
+
+def openai_dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """openai-whisper's dtw_cpu and backtrace, cell by cell."""
+    n, m = x.shape
+    cost = np.full((n + 1, m + 1), np.inf)
+    trace = -np.ones((n + 1, m + 1))
+    cost[0, 0] = 0
+    for j in range(1, m + 1):
+        for i in range(1, n + 1):
+            c0, c1, c2 = cost[i - 1, j - 1], cost[i - 1, j], cost[i, j - 1]
+            if c0 < c1 and c0 < c2:
+                c, t = c0, 0
+            elif c1 < c0 and c1 < c2:
+                c, t = c1, 1
+            else:
+                c, t = c2, 2
+            cost[i, j] = x[i - 1, j - 1] + c
+            trace[i, j] = t
+    trace[0, :], trace[:, 0] = 2, 1
+    i, j, path = n, m, []
+    while i > 0 or j > 0:
+        path.append((i - 1, j - 1))
+        i, j = {0: (i - 1, j - 1), 1: (i - 1, j), 2: (i, j - 1)}[trace[i, j]]
+    return tuple(np.array(path[::-1]).T)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (7, 1), (12, 40), (30, 90), (25, 25)])
+def test_the_path_search_finds_openai_whispers_path(shape):
+    rng = np.random.default_rng(sum(shape))
+    for _ in range(5):
+        x = rng.normal(size=shape)
+        ours, theirs = dtw(x), openai_dtw(x)
+        assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+
+
+def test_the_median_filter_reflects_at_the_edges():
+    x = torch.randn(2, 3, 20, generator=torch.Generator().manual_seed(0))
+    padded = np.pad(x.numpy(), ((0, 0), (0, 0), (3, 3)), mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 7, axis=-1)
+    assert np.allclose(median_filter(x, 7).numpy(), np.median(windows, axis=-1))
+    short = torch.randn(1, 1, 3)
+    assert torch.equal(median_filter(short, 7), short)  # too short to filter
+
+
+def test_words_split_at_spaces_and_keep_their_punctuation(tiny_en):
+    tok = tiny_en.engine.loaded.tokenizer
+    tokens = tok.encode(' "Well," she said (quietly), it\'s done.')
+    words, groups = split_words(tok, tokens + [tok.eot], "en")
+    assert "".join(words) == ' "Well," she said (quietly), it\'s done.'
+    assert sum(map(len, groups)) == len(tokens) + 1 and words[-1] == ""  # end-of-text
+    timed = [
+        WordTiming(w, g, float(i), i + 1.0, 1.0)
+        for i, (w, g) in enumerate(zip(words, groups, strict=False))
+    ]
+    merged = [t.word for t in merge_punctuation(timed) if t.word]
+    assert merged == [' "Well,"', " she", " said", " (quietly),", " it's", " done."]
+
+
+def test_the_alignment_heads_are_the_models_own_or_the_upper_half(tiny_en):
+    assert alignment_heads(tiny_en.engine.loaded) == {1: [0], 2: [0, 5], 3: [0, 1, 2, 3, 4]}
+    random = open_stream("random:tiny")  # 4 layers of 6 heads, no list of its own
+    assert alignment_heads(random.engine.loaded) == {2: list(range(6)), 3: list(range(6))}
+
+
+@pytest.fixture(scope="module")
+def compared(tiny_en, english_clips):
+    clips = [
+        ManifestClip(c.path.name, c.path, c.reference, c.language, c.duration)
+        for c in english_clips
+    ]
+    return compare(tiny_en, clips)
+
+
+def test_the_words_are_transformers_words_at_nearly_the_same_times(compared):
+    """transformers' `return_timestamps="word"` on the same weights and alignment heads: the
+    same words; starts, and the ends of words inside a phrase, within 0.1 s on average and
+    0.3 s for 95% of words. A phrase's last word ends where the speech does here, and no
+    later than in transformers, whose path takes in part of the pause after it."""
+    assert compared and all(r.same_words for r in compared), [(r.ours, r.theirs) for r in compared]
+    gaps = pooled(compared)
+    for kind in ("start", "end"):
+        assert gaps[kind].mean() <= 0.1 and np.quantile(gaps[kind], 0.95) <= 0.3, kind
+    for r in compared:
+        for ours, theirs in zip(r.ours, r.theirs, strict=True):
+            if ours[0].strip().endswith((".", ",", "!", "?")):
+                assert ours[2] <= theirs[2] + 0.1, (r.file, ours, theirs)
+
+
+def test_a_windows_words_are_the_same_alone_or_batched(tiny_en, clips, monkeypatch):
+    """The pass over several windows at once gives each window what it gives it alone, and
+    so do passes split to bound their memory."""
+    jfk = clips["en_jfk"].bytes
+    alone = transcribe(tiny_en, jfk, OPTIONS).words
+    others = [clips["en_librispeech_1272-128104-0000"].bytes, clips["fr_fleurs_000"].bytes]
+    batch = [others[0], jfk, jfk, others[1]]  # the two copies finish in the same step
+    together = tiny_en.transcribe(batch, OPTIONS)
+    assert together[1].words == together[2].words == alone
+    monkeypatch.setattr(timing, "PASS_BYTES", 1)  # a window a pass
+    assert tiny_en.transcribe(batch, OPTIONS) == together
+
+
+@pytest.mark.parametrize("mode", ["sequential", "chunked"])
+def test_the_words_of_long_audio_follow_the_segments_they_are_in(tiny_en, clips, mode):
+    """Three windows and more: each segment's words spell its text, in order, inside it."""
+    audio = long_speech(clips["en_jfk"].bytes, 7)  # 77 s
+    result = transcribe(tiny_en, audio, dataclasses.replace(WORDS, mode=mode))
+    assert result.words == [w for s in result.segments for w in s.words]
+    assert result.words[-1].end > 60
+    previous = 0.0
+    for s in result.segments:
+        assert "".join(w.word for w in s.words).strip() == s.text.strip()
+        for w in s.words:
+            assert previous <= w.start <= w.end and s.start - 0.01 <= w.start
+            assert w.end <= s.end + 0.01 and 0 <= w.probability <= 1
+            previous = w.start
+    assert previous <= result.duration
+
+
+def test_without_the_option_there_are_no_words(tiny_en, clips):
+    result = transcribe(tiny_en, clips["en_jfk"].bytes)
+    assert result.words is None and all(s.words is None for s in result.segments)
+    worded = transcribe(tiny_en, clips["en_jfk"].bytes, WORDS)
+    assert worded.text == result.text  # the words change no text
+
+
+def test_words_without_segment_timestamps(tiny_en, clips):
+    result = transcribe(
+        tiny_en, clips["en_jfk"].bytes, dataclasses.replace(WORDS, timestamps=False)
+    )
+    assert [w.word for w in result.words][-1].strip() == "country."
+    assert result.words[0].start < 1.0 and 10.0 < result.words[-1].end <= result.duration
