@@ -269,6 +269,8 @@ def test_size_cap_holds_without_content_length(client, settings):
         ({"priority": "urgent"}, "invalid_option", ["'interactive' or 'bulk'"]),
         ({"mode": "fast"}, "invalid_option", ["'sequential' or 'chunked'"]),
         ({"timestamps": "sometimes"}, "invalid_option", ["timestamps", "true or false"]),
+        ({"word_timestamps": "words"}, "invalid_option", ["word_timestamps", "true or false"]),
+        ({"timestamps": ["true", "false"]}, "invalid_request", ["'timestamps' was sent twice"]),
         ({"prompt": "x" * 1025}, "invalid_option", ["prompt of 1025", "at most 1024 characters"]),
         ({"prompt": "x" * 5000}, "invalid_request", ["'prompt' is over 4096 bytes"]),
         # English-only models: refused at the door, not failed later by the worker
