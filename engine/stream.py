@@ -4,7 +4,9 @@ Every input becomes a request (`engine.longform`) that hands out 30 s windows. A
 the windows of all its requests to one pool of slots (`engine.runner`): whenever slots are
 free, ready windows join the running batch (urgent inputs first); whenever a window finishes,
 its request takes the result and may hand out its next window at once. Temperature fallback
-re-decodes only the window that needs it, in its slot, from the K/V already projected.
+re-decodes only the window that needs it, in its slot, from the K/V already projected; the
+words of a finished window whose input asks for them are timed (`engine.timing`) from those
+K/V too, before the slot is freed.
 
 `submit` inputs as they come, call `step` while `busy`; each step hands back the inputs whose
 last window it decoded. `abort` takes an input out and frees its slots. `transcribe` runs an
