@@ -203,7 +203,14 @@ async def receive_upload(
             elif kind == "end" and current != "file" and current is not None:
                 if text := value.decode("utf-8", "replace").strip():  # empty: omitted
                     before = upload.fields.get(current)
-                    upload.fields[current] = f"{before},{text}" if before else text
+                    joined = f"{before},{text}" if before else text
+                    if len(joined) > MAX_FIELD_BYTES:  # a list, all its parts together
+                        raise ApiError(
+                            422,
+                            "invalid_request",
+                            f"form field {current!r} is over {MAX_FIELD_BYTES} bytes",
+                        )
+                    upload.fields[current] = joined
         parts.events.clear()
     if "file" not in seen:
         raise ApiError(

@@ -237,6 +237,12 @@ def test_a_job_cancelled_while_waited_for_answers_409(client, settings, clips):
             "invalid_request",
             ["'response_format' was sent twice"],
         ),
+        (  # a list's parts together are bounded as one field is
+            TRANSCRIBE,
+            {"response_format": "verbose_json", "timestamp_granularities[]": ["word"] * 1000},
+            "invalid_request",
+            ["'timestamp_granularities[]' is over 4096 bytes"],
+        ),
         (
             TRANSCRIBE,
             {"timestamp_granularities[]": "segment"},
