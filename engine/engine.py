@@ -18,6 +18,7 @@ import torch
 
 from engine.audio import Audio
 from engine.decoding import PROMPT_BASE, DecodingRules
+from engine.hf import TransformersEngine, TransformersStream, is_transformers
 from engine.inputs import (
     MAX_AUDIO_S,
     Prepared,
@@ -51,7 +52,9 @@ class EngineConfig:
     """How a model runs: the front door's one argument."""
 
     # a packaged name (tiny.en, base), a Hugging Face or CTranslate2 directory, a hub id, or
-    # random:<size> (Whisper's shapes with random weights, for speed work; engine.loader)
+    # random:<size> (Whisper's shapes with random weights, for speed work; engine.loader);
+    # hf:/dir: a transformers speech model the native engine does not run (engine.hf), with
+    # `name`, `device`, `dtype`, `slots` (windows a step) and `max_audio_s` as here
     model: str = "tiny.en"
     name: str | None = None  # what results call the model (default: `model`)
     device: str = "auto"  # auto: CUDA if present; or cpu, cuda, cuda:1, ...
@@ -116,8 +119,11 @@ class Engine:
         self.max_prompt, self.sample_len = config.rules.sizes(self.loaded.dims.n_text_ctx)
 
     @classmethod
-    def open(cls, config: EngineConfig) -> Stream:
-        """Load the model and return the stream that runs it."""
+    def open(cls, config: EngineConfig) -> Stream | TransformersStream:
+        """Load the model and return the stream that runs it: the native engine's, or for
+        `hf:/dir` the transformers backend's (engine.hf), which has the same interface."""
+        if is_transformers(config.model):
+            return TransformersStream(TransformersEngine(config))
         return Stream(cls(config))
 
     @property

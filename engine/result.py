@@ -20,9 +20,10 @@ class Segment:
     end: float
     text: str
     tokens: list[int]
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
+    # None where the model cannot tell (a CTC model through transformers: engine.hf)
+    avg_logprob: float | None
+    compression_ratio: float | None
+    no_speech_prob: float | None
     temperature: float
     words: list[Word] | None = None  # with the option word_timestamps
 
@@ -30,7 +31,7 @@ class Segment:
 @dataclass(frozen=True)
 class Transcription:
     text: str
-    language: str  # ISO 639-1
+    language: str | None  # ISO 639-1; None where the model cannot tell (engine.hf)
     language_probability: float | None  # None when the caller gave the language
     duration: float  # seconds of audio
     segments: list[Segment]

@@ -170,3 +170,39 @@ def tiny_en():
 @pytest.fixture(scope="session")
 def base():
     return open_stream("base")
+
+
+LETTERS = ["<pad>", "<s>", "</s>", "<unk>", "|", *"ETAONISHRDLU'"]
+
+
+def random_ctc(tmp_path: Path, architecture: str) -> Path:
+    """A small random-weight CTC model of `architecture`, saved with its processor."""
+    import torch
+    import transformers as tf
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({c: i for i, c in enumerate(LETTERS)}))
+    tokenizer = tf.Wav2Vec2CTCTokenizer(str(vocab), word_delimiter_token="|")
+    features = tf.Wav2Vec2FeatureExtractor(return_attention_mask=True)
+    small = {
+        "vocab_size": len(LETTERS),
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "conv_dim": (32, 32, 32),
+        "conv_stride": (5, 4, 4),
+        "conv_kernel": (10, 8, 8),
+        "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 4,
+        "pad_token_id": 0,
+        "feat_extract_norm": "layer",  # padded inputs then read as alone (attention mask)
+        "do_stable_layer_norm": True,
+    }
+    config = {"wav2vec2": tf.Wav2Vec2Config, "hubert": tf.HubertConfig}[architecture](**small)
+    torch.manual_seed(0)
+    model = {"wav2vec2": tf.Wav2Vec2ForCTC, "hubert": tf.HubertForCTC}[architecture](config)
+    path = tmp_path / architecture
+    model.save_pretrained(path)
+    tf.Wav2Vec2Processor(feature_extractor=features, tokenizer=tokenizer).save_pretrained(path)
+    return path

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.tools.wer import word_error_rate
-from tests.conftest import free_port, stop, wait_for_port
+from tests.conftest import free_port, random_ctc, stop, wait_for_port
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -24,7 +24,10 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture(scope="session")
 def api_url(stack_env, tmp_path_factory):
-    """`whisperfleet api` and `whisperfleet worker` as separate processes."""
+    """`whisperfleet api` and `whisperfleet worker` as separate processes; besides the
+    packaged models, `w2v`: a random-weight wav2vec2 through transformers (engine.hf)."""
+    w2v = random_ctc(tmp_path_factory.mktemp("w2v"), "wav2vec2")
+    stack_env = {**stack_env, "WHISPERFLEET_MODELS": f"tiny.en,base,w2v=hf:{w2v}"}
     logs = tmp_path_factory.mktemp("stack")
     port = free_port()
     cli = [sys.executable, "-m", "worker.cli"]
@@ -262,6 +265,22 @@ def test_word_timestamps_through_the_queue_match_transformers(api_url, clips):
     )
     assert refused.status_code == 422 and "word_timestamps" in refused.json()["error"]["message"]
     assert "words" not in httpx.get(f"{url}/v1/jobs/{plain['id']}/result").json()
+
+
+def test_a_model_served_through_transformers_runs_jobs_end_to_end(api_url, clips):
+    """REST -> queue -> worker -> stored result for `w2v=hf:/dir`: the same contract, the
+    fields it cannot give null; options it cannot honour fail the job with the reason."""
+    url, _ = api_url
+    job = run_job(url, clips["en_jfk"].bytes, "clip.flac", model="w2v")
+    assert job["status"] == "succeeded", job
+    result = httpx.get(f"{url}/v1/jobs/{job['id']}/result").json()
+    assert result["model"] == "w2v" and result["language"] is None and result["duration"] == 11.0
+    assert all(s["avg_logprob"] is None for s in result["segments"])
+    srt = httpx.get(f"{url}/v1/jobs/{job['id']}/result", params={"format": "verbose_json"})
+    assert srt.status_code == 200 and srt.json()["language"] is None
+    refused = run_job(url, clips["en_jfk"].bytes, "clip.flac", model="w2v", prompt="Kennedy")
+    assert refused["status"] == "failed" and refused["error"]["code"] == "invalid_option"
+    assert "cannot give a prompt" in refused["error"]["message"], refused
 
 
 def test_english_only_model_refuses_a_translate_job_at_submission(api_url, clips):

@@ -65,9 +65,9 @@ class OpenAISegment(BaseModel):
     text: str
     tokens: list[int]
     temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
+    avg_logprob: float | None
+    compression_ratio: float | None
+    no_speech_prob: float | None
     words: list[TranscriptWord] | None = Field(
         None, description="with timestamp_granularities[]=word: its words, timed"
     )
@@ -77,7 +77,10 @@ class OpenAIVerbose(BaseModel):
     """`response_format=verbose_json`: OpenAI's TranscriptionVerbose / TranslationVerbose."""
 
     task: Task
-    language: str = Field(description="the language's English name, lower case: `english`")
+    language: str | None = Field(
+        description="the language's English name, lower case: `english` (null: a model that "
+        "cannot tell)"
+    )
     duration: float = Field(description="seconds of audio")
     text: str
     segments: list[OpenAISegment]

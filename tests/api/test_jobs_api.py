@@ -54,6 +54,7 @@ def test_submit_stores_input_records_job_and_queues_it(client, settings, clips):
         "mode": "sequential",
         "prompt": None,
         "timestamps": True,
+        "word_timestamps": False,
         "temperature": None,
         "seed": None,
     }
@@ -309,6 +310,7 @@ def test_a_multilingual_model_takes_any_language_and_translates(client, clips):
         "mode": "sequential",
         "prompt": None,
         "timestamps": False,
+        "word_timestamps": False,
         "temperature": None,
         "seed": 42,
     }
@@ -395,9 +397,10 @@ def test_openapi_declares_the_result(client):
         "language_probability",
         "duration",
         "segments",
+        "words",
         "model",
         "options",
         "seed",
     }
-    assert "no_speech_prob" in schemas["TranscriptSegment"]["properties"]
-    assert "timestamps" in schemas["JobOptions"]["properties"]
+    assert {"no_speech_prob", "words"} <= set(schemas["TranscriptSegment"]["properties"])
+    assert {"timestamps", "word_timestamps"} <= set(schemas["JobOptions"]["properties"])

@@ -39,6 +39,7 @@ def test_defaults_and_the_options_part():
         "mode": "sequential",
         "prompt": None,
         "timestamps": True,
+        "word_timestamps": False,
         "temperature": None,
         "seed": None,
     }

@@ -24,9 +24,15 @@ class TranscriptSegment(BaseModel):
     end: float = Field(description="seconds from the start of the audio")
     text: str
     tokens: list[int] = Field(description="the segment's token ids, as decoded")
-    avg_logprob: float = Field(description="mean log-probability of the window's tokens")
-    compression_ratio: float = Field(description="of the window's text (gzip): high for loops")
-    no_speech_prob: float = Field(description="probability that the window holds no speech")
+    avg_logprob: float | None = Field(
+        description="mean log-probability of the window's tokens (null: the model cannot tell)"
+    )
+    compression_ratio: float | None = Field(
+        description="of the window's text (gzip): high for loops (null: not computed)"
+    )
+    no_speech_prob: float | None = Field(
+        description="probability that the window holds no speech (null: the model cannot tell)"
+    )
     temperature: float = Field(description="the temperature that decoded it (0: greedy)")
     words: list[TranscriptWord] | None = Field(
         None,
@@ -37,7 +43,10 @@ class TranscriptSegment(BaseModel):
 
 class TranscriptResult(BaseModel):
     text: str
-    language: str = Field(description="ISO 639-1 code: the job's, or the one detected")
+    language: str | None = Field(
+        description="ISO 639-1 code: the job's, or the one detected (null: a model that "
+        "cannot tell)"
+    )
     language_probability: float | None = Field(
         description="the detected language's probability; null when the job gave the language"
     )

@@ -76,7 +76,8 @@ class Settings(BaseSettings):
     backfill_job_retention_s: float = Field(600.0, gt=0)
 
     # Models clients may ask for: "name" for the packaged weights (tiny.en, base) or
-    # "name=source" where source is a local Hugging Face / CTranslate2 directory or a hub id.
+    # "name=source" where source is a local Hugging Face / CTranslate2 Whisper directory or a
+    # hub id (the native engine), or hf:/dir, a transformers speech model (engine.hf).
     models: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=lambda: {"tiny.en": "tiny.en", "base": "base"}
     )

@@ -1,0 +1,90 @@
+"""The transformers backend (engine.hf): tiny.en's real weights give the native engine's tokens
+through it; random-weight CTC models of other architectures serve with the same contract."""
+
+import numpy as np
+import pytest
+
+from engine import Engine, EngineConfig, OptionsError, SpectrogramError, TranscriptionOptions
+from engine.loader import model_dir
+from tests.conftest import random_ctc
+from tests.faults.fleet import long_speech, npy
+
+GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
+
+
+@pytest.fixture(scope="module")
+def tiny_en_hf():
+    return Engine.open(
+        EngineConfig(model=f"hf:{model_dir('tiny.en')}", name="tiny.en-hf", device="cpu")
+    )
+
+
+def test_tiny_en_through_transformers_gives_the_native_engines_tokens(
+    tiny_en, tiny_en_hf, english_clips
+):
+    """Greedy, no timestamps: the same text tokens whichever backend runs the weights."""
+    data = [c.bytes for c in english_clips]
+    native = tiny_en.transcribe(data, GREEDY)
+    through = tiny_en_hf.transcribe(data, GREEDY)
+    for a, b in zip(native, through, strict=True):
+        ours = [t for s in a.segments for t in s.tokens if t < tiny_en.engine.loaded.tokenizer.eot]
+        assert [t for s in b.segments for t in s.tokens] == ours
+        assert b.text == a.text and b.language == "en" and b.model == "tiny.en-hf"
+
+
+def test_long_audio_is_cut_into_windows_each_a_segment(tiny_en_hf, clips):
+    result = tiny_en_hf.transcribe([long_speech(clips["en_jfk"].bytes, 4)], GREEDY)[0]  # 44 s
+    assert [(s.start, s.end) for s in result.segments] == [(0.0, 30.0), (30.0, 44.0)]
+    assert result.duration == 44.0 and result.text.lower().count("ask not") >= 2
+    assert all(s.avg_logprob is None and s.no_speech_prob is None for s in result.segments)
+
+
+def test_what_transformers_cannot_do_is_refused_before_any_work(tiny_en_hf, clips):
+    for options, words in [
+        (TranscriptionOptions(word_timestamps=True), "word timestamps"),
+        (TranscriptionOptions(initial_prompt="Kennedy"), "a prompt"),
+        (TranscriptionOptions(temperature=(0.4,)), "sampling"),
+        (TranscriptionOptions(language="fr"), "English-only"),
+        (TranscriptionOptions(task="translate"), "translates"),
+    ]:
+        with pytest.raises(OptionsError, match=words):
+            tiny_en_hf.check(options)
+    with pytest.raises(SpectrogramError, match="send audio"):
+        tiny_en_hf.prepare(npy(np.zeros((80, 3000), np.float32)))
+    assert not tiny_en_hf.busy
+
+
+@pytest.mark.parametrize("architecture", ["wav2vec2", "hubert"])
+def test_a_random_ctc_model_serves_with_the_same_contract(tmp_path, clips, architecture):
+    path = random_ctc(tmp_path, architecture)
+    stream = Engine.open(EngineConfig(model=f"hf:{path}", name=architecture, device="cpu", slots=2))
+    assert stream.warm() == 0 and not stream.busy
+    data = [
+        clips["en_jfk"].bytes,
+        long_speech(clips["en_jfk"].bytes, 3),
+        clips["fr_fleurs_000"].bytes,
+    ]
+    results = stream.transcribe(data)  # the default options: segments, fallback schedule
+    for result, seconds in zip(results, (11.0, 33.0, 10.2), strict=True):
+        assert result.model == architecture and result.language is None
+        assert result.duration == pytest.approx(seconds, abs=0.01)
+        assert set(result.text) <= set("ETAONISHRDLU' ")  # random weights: its letters
+        for s in result.segments:
+            assert s.avg_logprob is None and s.compression_ratio is None and s.temperature == 0.0
+    assert stream.transcribe([data[1]])[0] == results[1]  # alone as in a batch
+    with pytest.raises(OptionsError, match="takes none"):
+        stream.check(TranscriptionOptions(language="en"))
+
+
+def test_a_directory_that_is_not_a_model_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="transformers model directory"):
+        Engine.open(EngineConfig(model=f"hf:{tmp_path}", device="cpu"))
+
+
+def test_the_batch_halves_after_running_out_of_memory(tmp_path, clips):
+    stream = Engine.open(
+        EngineConfig(model=f"hf:{random_ctc(tmp_path, 'wav2vec2')}", device="cpu", slots=4)
+    )
+    assert stream.shrink() and stream.engine.n_slots == 2
+    assert stream.shrink() and not stream.shrink() and stream.engine.n_slots == 1
+    assert stream.transcribe([clips["en_jfk"].bytes])[0].duration == 11.0
