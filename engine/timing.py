@@ -219,7 +219,8 @@ def _split_on_unicode(tokenizer: Tokenizer, tokens: list[int]) -> tuple[list[str
     for token in tokens:
         current.append(token)
         decoded = tokenizer.decode(current)
-        if replacement not in decoded or full[offset + decoded.index(replacement)] == replacement:
+        at = offset + decoded.find(replacement)
+        if replacement not in decoded or full[at : at + 1] == replacement:
             words.append(decoded)
             groups.append(current)
             current = []

@@ -80,6 +80,9 @@ def test_words_split_at_spaces_and_keep_their_punctuation(tiny_en):
     ]
     merged = [t.word for t in merge_punctuation(timed) if t.word]
     assert merged == [' "Well,"', " she", " said", " (quietly),", " it's", " done."]
+    cut = tok.encode(" 日本語 text")[1:]  # a segment may start inside a character's bytes
+    words, groups = split_words(tok, cut, "en")
+    assert "".join(words) == tok.decode(cut) and sum(map(len, groups)) == len(cut)
 
 
 def test_the_alignment_heads_are_the_models_own_or_the_upper_half(tiny_en):
