@@ -20,11 +20,10 @@ language). Options it cannot honour are refused before any work (`check`).
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import operator
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +35,7 @@ from engine.inputs import LongAudio, SpectrogramError, read_input
 from engine.mel import SAMPLE_RATE
 from engine.options import OptionsError, TranscriptionOptions
 from engine.result import Segment, Transcription
-from engine.stream import Finished, Progress, StreamStats
+from engine.stream import Finished, Progress, Streaming, StreamStats
 
 if TYPE_CHECKING:
     from engine.engine import EngineConfig, Input
@@ -194,7 +193,7 @@ class _Input:
 _ORDER = operator.itemgetter(0)
 
 
-class TransformersStream:
+class TransformersStream(Streaming):
     """The native stream's interface over a transformers model (engine.stream.Stream)."""
 
     def __init__(self, engine: TransformersEngine):
@@ -203,14 +202,6 @@ class TransformersStream:
         self._inputs: dict[Hashable, _Input] = {}
         self._arrivals = itertools.count()
         self._queue: list[tuple[tuple[bool, int, int], _Input, int]] = []  # windows to decode
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._inputs)
-
-    @property
-    def owners(self) -> list[Hashable]:
-        return list(self._inputs)
 
     def prepare(self, item: Input) -> np.ndarray:
         """An input's 16 kHz samples; raises AudioError, or SpectrogramError for a spectrogram
@@ -285,27 +276,6 @@ class TransformersStream:
                 finished.append(Finished(entry.owner, self._result(entry)))
         self.stats += StreamStats(decode_s=time.perf_counter() - start, windows=len(batch))
         return finished
-
-    def transcribe(
-        self,
-        items: Sequence[Input],
-        options: TranscriptionOptions | None = None,
-        progress: Callable[[int, float, float], None] | None = None,
-    ) -> list[Transcription]:
-        """Transcribe these inputs together, on an idle stream (as Stream.transcribe)."""
-        if self.busy:
-            raise RuntimeError("transcribe() needs an idle stream; this one has inputs in it")
-        prepared = [self.prepare(item) for item in items]
-        for i, p in enumerate(prepared):
-            self.submit(i, p, options, progress=progress and functools.partial(progress, i))
-        results = {}
-        try:
-            while self.busy:
-                results.update((f.owner, f.transcription) for f in self.step())
-        except BaseException:
-            self.reset()
-            raise
-        return [results[i] for i in range(len(items))]
 
     def _result(self, entry: _Input) -> Transcription:
         duration = len(entry.samples) / SAMPLE_RATE

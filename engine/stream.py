@@ -84,7 +84,47 @@ class _Input:
     polling: bool = False  # in Stream._polling
 
 
-class Stream:
+class Streaming:
+    """What every stream does the same way over its own `submit`, `step`, `reset`, `check`
+    and `prepare` (this one, and the transformers backend's: engine.hf), keeping the inputs
+    not yet handed back in `_inputs`."""
+
+    _inputs: dict[Hashable, object]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._inputs)
+
+    @property
+    def owners(self) -> list[Hashable]:
+        """The owners of the inputs in the stream."""
+        return list(self._inputs)
+
+    def transcribe(
+        self,
+        items: Sequence[Input],
+        options: TranscriptionOptions | None = None,
+        progress: Callable[[int, float, float], None] | None = None,
+    ) -> list[Transcription]:
+        """Transcribe these inputs together, on an idle stream; progress: (input index,
+        seconds done, seconds in all). A failure leaves the stream idle and free."""
+        if self.busy:
+            raise RuntimeError("transcribe() needs an idle stream; this one has inputs in it")
+        options = self.check(options or TranscriptionOptions())
+        prepared = [self.prepare(item) for item in items]
+        for i, p in enumerate(prepared):
+            self.submit(i, p, options, progress=progress and functools.partial(progress, i))
+        results: dict[Hashable, Transcription] = {}
+        try:
+            while self.busy:
+                results.update((f.owner, f.transcription) for f in self.step())
+        except BaseException:
+            self.reset()
+            raise
+        return [results[i] for i in range(len(items))]
+
+
+class Stream(Streaming):
     """One model's pool of slots, fed by the inputs submitted to it. Not thread-safe, except
     `prepare` and `check`, which job threads call while another thread steps."""
 
@@ -101,15 +141,6 @@ class Stream:
         # handed out leaves, and comes back when one of them is decoded
         self._polling: list[_Input] = []
         self._waiting: list[tuple[_Input, Window]] = []  # ready windows that did not fit yet
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._inputs)
-
-    @property
-    def owners(self) -> list[Hashable]:
-        """The owners of the inputs in the stream."""
-        return list(self._inputs)
 
     def prepare(self, item: Input) -> Prepared:
         """Validate and decode one input on the calling thread; see `Engine.prepare`."""
@@ -216,29 +247,6 @@ class Stream:
         for entry in finished:
             del self._inputs[entry.owner]
         return [Finished(e.owner, self._result(e)) for e in finished]
-
-    def transcribe(
-        self,
-        items: Sequence[Input],
-        options: TranscriptionOptions | None = None,
-        progress: Callable[[int, float, float], None] | None = None,
-    ) -> list[Transcription]:
-        """Transcribe these inputs together, on an idle stream; progress: (input index,
-        seconds done, seconds in all). A failure leaves the stream idle and free."""
-        if self.busy:
-            raise RuntimeError("transcribe() needs an idle stream; this one has inputs in it")
-        options = self.check(options or TranscriptionOptions())
-        prepared = [self.prepare(item) for item in items]
-        for i, p in enumerate(prepared):
-            self.submit(i, p, options, progress=progress and functools.partial(progress, i))
-        results: dict[Hashable, Transcription] = {}
-        try:
-            while self.busy:
-                results.update((f.owner, f.transcription) for f in self.step())
-        except BaseException:
-            self.reset()
-            raise
-        return [results[i] for i in range(len(items))]
 
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Pay every first-time cost before the first input does: capture each graph the pool
