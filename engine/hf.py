@@ -63,6 +63,7 @@ class TransformersEngine:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CTC_MAPPING_NAMES
 
         from engine.engine import DTYPES
+        from engine.loader import default_device
 
         self.config = config
         path = Path(config.model.removeprefix(PREFIX)).expanduser()
@@ -70,8 +71,7 @@ class TransformersEngine:
             raise FileNotFoundError(
                 f"{config.model!r}: expected a transformers model directory (with config.json)"
             )
-        cuda = torch.cuda.is_available() and config.device in ("auto", "cuda")
-        self.device = torch.device("cuda" if cuda else config.device.replace("auto", "cpu"))
+        self.device = default_device() if config.device == "auto" else torch.device(config.device)
         self.dtype = DTYPES.get(config.dtype) or (
             torch.float16 if self.device.type == "cuda" else torch.float32
         )
@@ -148,7 +148,7 @@ class TransformersEngine:
             languages = [o or "en" for o in languages]
             if self.languages:
                 kwargs["language"] = languages
-                kwargs["task"] = options[0].task  # a step holds one task (`_take`)
+                kwargs["task"] = options[0].task  # a step holds one task (`step`)
         tokens = self.model.generate(**inputs, **kwargs)
         tokenizer = self.processor.tokenizer
         special = set(tokenizer.all_special_ids)

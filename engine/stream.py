@@ -315,14 +315,12 @@ class Stream(Streaming):
     def _time_tokens(self, done: list[DecodedWindow]) -> dict[int, TokenTimes | None]:
         """slot -> the times of its window's text tokens, for the finished windows of inputs
         that ask for word timestamps: the text the window adds, timed in one pass."""
-        asking = []
+        asking, eot = [], self.engine.loaded.tokenizer.eot
         for d in done:
             entry, window = d.sequence.owner
             if entry.options.word_timestamps:
                 pieces, _ = entry.request.pieces(window, d.result)
-                tokens = [
-                    t for *_, piece in pieces for t in piece if t < self.engine.loaded.tokenizer.eot
-                ]
+                tokens = [t for *_, piece_tokens in pieces for t in piece_tokens if t < eot]
                 task = d.sequence.task
                 asking.append(Aligned(d.slot, tokens, task.language, task.task, window.size))
         if not asking:

@@ -123,6 +123,18 @@ def test_a_succeeded_jobs_result_in_every_format(client, settings, clips):
     assert result("vtt").text == "WEBVTT\n\n00:00.000 --> 00:02.500\nAnd so, my fellow Americans.\n"
     verbose = result("verbose_json").json()
     assert verbose["task"] == "transcribe" and verbose["segments"][0]["seek"] == 0
+    # word cues: refused for a result without words, for a format without cues, and for a
+    # value that is not one; never a traceback
+    url = f"/v1/jobs/{job['id']}/result"
+    for params, status, code, words in [
+        ({"format": "srt", "granularity": "word"}, 422, "invalid_request", "word_timestamps"),
+        ({"format": "text", "granularity": "word"}, 422, "invalid_request", "srt and vtt only"),
+        ({"format": "vtt", "granularity": "char" * 50}, 422, "invalid_request", "granularity"),
+        ({"download": "url", "granularity": "word"}, 422, "invalid_request", "stored json"),
+    ]:
+        answer = client.get(url, params=params)
+        assert_error(answer, status, code, words)
+        assert "Traceback" not in answer.text
 
 
 def test_unknown_job_is_not_found(client):
