@@ -3,10 +3,12 @@ through Redis, a real `whisperfleet worker` and S3 storage (moto's server), on o
 
     python scripts/fleet_bench.py [--audio-dir ../shared/audio/dev] [--device cuda]
         [--models tiny.en,large-v3=random:large-v3] [--copies 8,32]
-        [--inputs audio,spectrogram] [--transformers] [--plot fleet.png] [--json out.json]
+        [--inputs audio,spectrogram] [--processes 1,4] [--transformers] [--plot fleet.png]
+        [--json out.json]
 
 For each model, input kind (audio files, or the same clips as .npy log-mel spectrograms) and
-number of copies of the clips (`--copies 8`: each clip 8 times), one row:
+number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
+(`--processes 4`: four job processes feeding one engine core), one row:
 
 - engine: `Stream.transcribe` over every input at once, warmed first (best of --engine-runs);
 - cold: the jobs queued first, then a new worker process started; from its start to the last
@@ -15,7 +17,7 @@ number of copies of the clips (`--copies 8`: each clip 8 times), one row:
 - ratio: engine seconds over queue seconds (1.0: the queue path costs nothing);
 - ready: the worker's start to `/ready` on its metrics port. The first start of a run has an
   empty compile cache (`TRITON_CACHE_DIR`, fresh); every later one is a restart after a
-  `kill -9` of the previous worker, whose engine core must then exit;
+  `kill -9` of the previous worker, whose engine core (and job processes) must then exit;
 - transformers: plain transformers (`WhisperProcessor` features, `generate` greedy, batches
   of 16) on the same clips, RTFx (audio seconds per second; audio rows of real weights).
 
@@ -63,10 +65,19 @@ from worker.storage import Storage
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(run: int = 1) -> int:
+    """A port with the `run - 1` after it free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            for p in range(port + 1, port + run):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
 
 
 @dataclass
@@ -81,6 +92,7 @@ class Row:
     model: str
     kind: str
     copies: int
+    processes: int
     jobs: int
     audio_s: float
     engine_s: float
@@ -160,7 +172,8 @@ class Fleet:
 
     def __init__(self, args: argparse.Namespace, model: str, source: str, log_dir: Path):
         self.args, self.model, self.log_dir = args, model, log_dir
-        self.metrics_port = free_port()
+        self.metrics_port = free_port(65)  # the worker's, then one per job process
+        self.processes = 1
         self.settings = Settings(
             redis_url=f"redis://127.0.0.1:{free_port()}/0",
             s3_endpoint_url=f"http://127.0.0.1:{free_port()}",
@@ -187,7 +200,6 @@ class Fleet:
             "WHISPERFLEET_DEFAULT_MODEL": model,
             "WHISPERFLEET_DEVICE": args.device,
             "WHISPERFLEET_METRICS_PORT": str(self.metrics_port),
-            "WHISPERFLEET_WORKER_CONCURRENCY": str(args.concurrency),
             "WHISPERFLEET_MAX_JOB_AGE_S": "86400",
             "TRITON_CACHE_DIR": str(log_dir / "triton"),
         }
@@ -249,8 +261,10 @@ class Fleet:
         self.starts += 1
         log = open(self.log_dir / f"worker-{self.model}-{self.starts}.log", "w")  # noqa: SIM115
         started = time.time()
+        each = -(-self.args.concurrency // self.processes)  # the jobs in flight, split
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker"],
+            [sys.executable, "-m", "worker.cli", "worker", "--processes", str(self.processes),
+             "--concurrency", str(each)],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         url = f"http://127.0.0.1:{self.metrics_port}/ready"
@@ -265,7 +279,8 @@ class Fleet:
             time.sleep(0.05)
 
     def kill_worker(self) -> bool:
-        """kill -9 the worker; whether its engine core exited by itself within 10 s."""
+        """kill -9 the worker; whether its engine core and job processes exited by themselves
+        within 10 s."""
         cores = psutil.Process(self.worker.pid).children(recursive=True)
         os.kill(self.worker.pid, signal.SIGKILL)
         self.worker.wait()
@@ -276,7 +291,14 @@ class Fleet:
         return not alive
 
     def scrape(self) -> dict[str, float]:
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        """The worker's metrics, summed over its ports (with job processes: the engine's on
+        the first, each job process's on one after it)."""
+        ports = [self.metrics_port]
+        if self.processes > 1:
+            ports += [self.metrics_port + 1 + i for i in range(self.processes)]
+        text = "\n".join(
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text for port in ports
+        )
         wanted = {
             "whisperfleet_audio_seconds_total": "audio_s",
             "whisperfleet_engine_busy_seconds_total": "busy_s",
@@ -289,7 +311,7 @@ class Fleet:
         for line in text.splitlines():
             name, _, value = line.rpartition(" ")
             if name in wanted:
-                values[wanted[name]] = float(value)
+                values[wanted[name]] = values.get(wanted[name], 0.0) + float(value)
         return values
 
 
@@ -367,7 +389,7 @@ def plot(path: Path, rows: list[Row]) -> None:
     for row in rows:
         if not row.timeline:
             continue
-        label = f"{row.model} {row.kind} x{row.copies}"
+        label = f"{row.model} {row.kind} x{row.copies}, {row.processes} job process(es)"
         t = [p["t"] for p in row.timeline]
         top.plot(t, [p["audio_per_s"] for p in row.timeline], label=label)
         bottom.plot(t, [p["busy"] for p in row.timeline], label=label)
@@ -388,7 +410,15 @@ def main() -> None:
     parser.add_argument("--copies", default="1", help="comma-separated: rows per count")
     parser.add_argument("--inputs", default="audio,spectrogram")
     parser.add_argument("--engine-runs", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=32, help="the worker's jobs in flight")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="the worker's jobs in flight, split among its job processes",
+    )
+    parser.add_argument(
+        "--processes", default="1", help="comma-separated: the worker's job processes, a row each"
+    )
     parser.add_argument("--transformers", action="store_true", help="RTFx of plain transformers")
     parser.add_argument(
         "--slot-memory-gb", type=float, help="each engine's slot cache (default: half the free)"
@@ -424,18 +454,21 @@ def main() -> None:
                 for copies in map(int, args.copies.split(",")):
                     inputs = model_inputs(kind, clips, copies, n_mels, random_weights)
                     engine_s = engine_alone(stream, inputs, args.engine_runs)
-                    row = Row(name, kind, copies, len(inputs.items), inputs.audio_s, engine_s)
-                    row.transformers_rtfx = rtfx if kind == "audio" else None
-                    run_row(fleet, row, inputs)
-                    rows.append(row)
-                    print(table([row], header=False), file=sys.stderr)
+                    for processes in map(int, args.processes.split(",")):
+                        fleet.processes = processes
+                        row = Row(name, kind, copies, processes, len(inputs.items),
+                                  inputs.audio_s, engine_s)  # fmt: skip
+                        row.transformers_rtfx = rtfx if kind == "audio" else None
+                        run_row(fleet, row, inputs)
+                        rows.append(row)
+                        print(table([row], header=False), file=sys.stderr)
         finally:
             fleet.close()
         del stream
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    print(f"\n{device}; one worker, concurrency {args.concurrency}; {len(clips)} clips\n")
+    print(f"\n{device}; one worker, {args.concurrency} jobs in flight; {len(clips)} clips\n")
     print(table(rows))
     print(f"\ncompile cache after the run: {sum(1 for _ in compile_cache.rglob('*'))} files")
     if args.plot:
@@ -450,15 +483,17 @@ def table(rows: list[Row], header: bool = True) -> str:
     lines = []
     if header:
         lines += [
-            "| model | input | jobs | audio s | engine s | warm s | warm ratio | cold s "
-            "| cold ratio | ready s | engine RTFx | transformers RTFx | ok | core exited |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| model | input | processes | jobs | audio s | engine s | warm s | warm ratio "
+            "| cold s | cold ratio | ready s | engine RTFx | transformers RTFx | ok "
+            "| core exited |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for r in rows:
         ready = f"{r.ready_s:.1f}" + (" (empty cache)" if r.first_start else "")
         hf = f"{r.transformers_rtfx:.0f}" if r.transformers_rtfx else "—"
         lines.append(
-            f"| {r.model} | {r.kind} | {r.jobs} | {r.audio_s:.0f} | {r.engine_s:.2f} "
+            f"| {r.model} | {r.kind} | {r.processes} | {r.jobs} | {r.audio_s:.0f} "
+            f"| {r.engine_s:.2f} "
             f"| {r.warm_s:.2f} | {r.warm_ratio:.2f} | {r.cold_s:.2f} | {r.cold_ratio:.2f} "
             f"| {ready} | {r.audio_s / r.engine_s:.0f} | {hf} | {r.succeeded}/{r.jobs} "
             f"| {r.core_exited} |"

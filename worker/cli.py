@@ -10,6 +10,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from worker import backfill_cli
@@ -21,6 +23,7 @@ from worker.supervisor import Child, Supervisor
 
 # What the `engine` extra installs; only `api` runs without it.
 ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "av", "tqdm", "jiwer", "moto")
+log = logging.getLogger("whisperfleet")
 LIGHT_COMMANDS = ("api", "keys", "tenants", "webhooks", "scanner", "beat", "backfill")  # no engine
 
 
@@ -68,13 +71,16 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    processes = args.processes or get_settings().worker_processes
     if args.gpus:
-        return _worker_per_gpu(_gpu_list(args.gpus), args.concurrency, args.queues)
+        return _worker_per_gpu(_gpu_list(args.gpus), args.concurrency, args.queues, processes)
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
     ensure_redis(settings, start=False)
     ensure_storage(settings, start=False)
+    if processes > 1:
+        return _worker_processes(processes, args.concurrency, args.queues)
     from worker.app import app
 
     # what the worker runs besides its jobs starts from Celery's signals (worker.lifecycle),
@@ -149,21 +155,85 @@ def _gpu_list(spec: str) -> list[str]:
     return [str(i) for i in range(int(count))]
 
 
-def _worker_per_gpu(gpus: list[str], concurrency: int | None, queues: str) -> int:
-    """One worker process per GPU (each sees only its own), restarted when it dies;
-    SIGTERM or Ctrl-C drains them all."""
+def _worker_per_gpu(gpus: list[str], concurrency: int | None, queues: str, processes: int) -> int:
+    """One worker per GPU (each sees only its own), restarted when it dies; SIGTERM or
+    Ctrl-C drains them all. Each takes as many metrics ports as it has processes."""
     cli = [sys.executable, "-m", "worker.cli", "worker", "--queues", queues]
+    cli += ["--processes", str(processes)]
     if concurrency:
         cli += ["--concurrency", str(concurrency)]
     port = get_settings().metrics_port
-    with Supervisor(stop_timeout=None) as processes:
+    ports = processes + 1 if processes > 1 else 1
+    with Supervisor(stop_timeout=None) as supervised:
         for i, gpu in enumerate(gpus):
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
             if port:
-                env["WHISPERFLEET_METRICS_PORT"] = str(port + i)
-            processes.add(Child(f"worker on GPU {gpu}", cli, env))
-        return processes.watch()
+                env["WHISPERFLEET_METRICS_PORT"] = str(port + i * ports)
+            supervised.add(Child(f"worker on GPU {gpu}", cli, env))
+        return supervised.watch()
     return 0  # drained after Ctrl-C or SIGTERM
+
+
+def _worker_processes(processes: int, concurrency: int | None, queues: str) -> int:
+    """One engine core fed by `processes` job processes (Celery, storage and the job threads
+    spread over that many interpreter locks; the GPU's batches stay whole). This process owns
+    the core and serves its metrics on the metrics port (the job processes on the ports after
+    it). The job processes start beside the core, so that their imports overlap its warm-up,
+    and take no message before it is warm; `/ready` says 200 once every one of them does. A
+    job process that dies is started again; if the core ends unasked, this process ends (exit
+    70) and the job processes end with their core."""
+    from worker import logs, metrics
+    from worker.core import SHARED_ENV, EngineCore, exit_with_core
+
+    settings = get_settings()
+    logs.configure(settings.log_format)
+    port = settings.metrics_port
+    metrics.serve(settings.metrics_host, port)
+    core = EngineCore(settings, on_exit=exit_with_core, listen=True)
+    cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", "1", "--queues", queues]
+    if concurrency:
+        cli += ["--concurrency", str(concurrency)]
+    ports = [port + 1 + i for i in range(processes)] if port else []
+    try:
+        with Supervisor(stop_timeout=None) as supervised:
+            for i in range(processes):
+                env = {**os.environ, SHARED_ENV: core.shared}
+                if ports:
+                    env["WHISPERFLEET_METRICS_PORT"] = str(ports[i])
+                supervised.add(Child(f"job process {i + 1}", cli, env))
+            started = time.monotonic()
+            core.load(settings.default_model)
+            log.info(
+                "engine core ready in %.1f s (%s warm), fed by %d job processes",
+                time.monotonic() - started, settings.default_model, processes,
+            )  # fmt: skip
+            ready = threading.Thread(
+                target=_ready_when, args=(settings.metrics_host, ports), daemon=True
+            )
+            ready.start()
+            return supervised.watch()
+        return 0  # drained after Ctrl-C or SIGTERM
+    finally:
+        metrics.READY.clear()
+        core.close()
+
+
+def _ready_when(host: str, ports: list[int]) -> None:
+    """Set this process's readiness once every job process's `/ready` says 200."""
+    import httpx
+
+    from worker import metrics
+
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    for port in ports:
+        while True:
+            try:
+                if httpx.get(f"http://{host}:{port}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    metrics.READY.set()
 
 
 def _tenants():
@@ -387,7 +457,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--gpus",
-        help="0,1 or all: one worker process per GPU, each restarted if it dies",
+        help="0,1 or all: one worker per GPU, each restarted if it dies",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        choices=range(1, 65),
+        metavar="N",
+        help="job processes feeding one engine core (default from settings, 1): more when "
+        "the GPU outruns one process's fetching, decoding and storing; --concurrency is each "
+        "one's",
     )
     p.set_defaults(func=_worker)
 

@@ -12,10 +12,16 @@ its windows finish, and once a second its health and the engine's metrics. Model
 warm (every graph captured, `Stream.warm`) in the core: a worker loads its default model
 before it takes a message.
 
-The fault contract (docs/reliability.md) holds across the two: a GPU fault ends the core
-(exit 70), and a worker whose core ended unasked ends too (exit 70), its jobs taken over by
-lease. A worker that dies (kill -9) closes its end of the pipe; the core reads that and exits,
-so no process is left holding the GPU.
+One core can also serve several job processes (`whisperfleet worker --processes N`): the
+process that spawned it (the owner) lets it listen on a Unix socket, and job processes connect
+there with a key, each with its own calls, so that Celery, boto3 and the job threads are spread
+over N interpreter locks while the GPU's batches stay whole.
+
+The fault contract (docs/reliability.md) holds across them: a GPU fault ends the core (exit
+70), and a worker whose core ended unasked ends too (exit 70), its jobs taken over by lease.
+When the owner dies (kill -9) its end of the pipe closes; the core reads that and exits, so no
+process is left holding the GPU, and the job processes connected to it end with it. A job
+process that dies only takes its own inputs out of the batches.
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ import multiprocessing
 import os
 import pickle
 import queue
+import secrets
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import AuthenticationError, Client, Connection, Listener
 
 from engine import Transcription, TranscriptionOptions
 from engine.inputs import Host, read_input
@@ -49,6 +57,7 @@ log = logging.getLogger(__name__)
 CUDA_FAULT_EXIT = 70  # the exit status after a GPU fault (the core's, then its worker's)
 REPORT_EVERY_S = 1.0  # the core's health and metrics, sent this often
 PREPARERS = 4  # core threads moving inputs to the device (long audio: its first pass)
+CONNECT_WAIT_S = 60.0  # how long a job process waits for a shared core's socket to appear
 
 
 def exit_on_device_fault(error: BaseException) -> None:
@@ -80,9 +89,10 @@ class InProcess:
         def run(self) -> None:
             conn = self._args[0]  # Thread.run forgets its arguments
             try:
-                super().run()
-            finally:  # its end of the pipe: the worker's side then sees the core gone
-                conn.close()
+                super().run()  # which closes its end of the pipe as it ends
+            except BaseException:
+                conn.close()  # the worker's side then sees the core gone
+                raise
 
         def kill(self) -> None:
             """Nothing to kill: the core's loop ends at the end of its pipe."""
@@ -99,10 +109,24 @@ class Call:
     total_s: float | None = None
 
 
+SHARED_ENV = "WHISPERFLEET_ENGINE_CORE"  # a shared core's socket and key, for its job processes
+
+
+def shared_core() -> tuple[str, bytes] | None:
+    """The shared engine core this process is to use (`whisperfleet worker --processes`
+    sets it for its job processes), else None: the process spawns its own."""
+    address, _, key = os.environ.get(SHARED_ENV, "").partition(" ")
+    return (address, bytes.fromhex(key)) if address else None
+
+
 class EngineCore:
     """The worker process's side of its engine core, shared by the job threads. The core
     starts on first use; it is started again if it ended while the worker did not (after
-    `on_exit`, if that returns)."""
+    `on_exit`, if that returns).
+
+    The core is this process's own (spawned here), or one it shares with other job processes
+    (`connect`: the core of `whisperfleet worker --processes`, which one process spawned with
+    `listen` and the others connect to). Only the spawning process's end stops the core."""
 
     def __init__(
         self,
@@ -110,13 +134,23 @@ class EngineCore:
         slots: int | None = None,
         on_exit: Callable[[int | None], None] | None = None,
         context: multiprocessing.context.BaseContext | None = None,
+        listen: bool = False,
+        connect: tuple[str, bytes] | None = None,
     ):
         """slots: each model's pool of decoding slots (default: as the settings size it).
         on_exit: called with the core's exit status when it ends unasked (default: its
         inputs in flight fail with EngineFailed, and the next call starts a new core).
-        context: where the core runs (default: a spawned process; `InProcess`: threads here)."""
+        context: where the core runs (default: a spawned process; `InProcess`: threads here).
+        listen: the core also serves job processes, at `address` with `authkey`.
+        connect: (address, authkey) of a shared core to use instead of spawning one."""
         self.settings, self.slots, self.on_exit = settings, slots, on_exit
         self.context = context or multiprocessing.get_context("spawn")
+        self.connect = connect
+        self.address = self.authkey = None
+        if listen:  # a socket in a folder of its own that only this user may enter
+            self._folder = tempfile.TemporaryDirectory(prefix="whisperfleet-core-")
+            self.address = os.path.join(self._folder.name, "core.sock")
+            self.authkey = secrets.token_bytes(32)
         self._lock = threading.Lock()  # the process and the pipe
         self._send_lock = threading.Lock()
         self._process: multiprocessing.process.BaseProcess | None = None
@@ -127,27 +161,51 @@ class EngineCore:
         self._reported = (time.monotonic(), True)  # when the core last reported, and health
         self._closing = False
 
+    @property
+    def shared(self) -> str:
+        """What a job process is given (`SHARED_ENV`) to use this core."""
+        return f"{self.address} {self.authkey.hex()}"
+
     # --- the process -------------------------------------------------------------------------
 
     def _started(self) -> Connection:
         with self._lock:
-            if self._process is None:  # not started, or ended and its inputs failed
-                mine, theirs = self.context.Pipe()
-                process = self.context.Process(
-                    target=serve,
-                    args=(theirs, self.settings, self.slots),
-                    name="engine-core",
-                    daemon=True,
-                )
-                process.start()
-                if not isinstance(process, threading.Thread):  # InProcess shares the end
-                    theirs.close()  # the core's end: its death then reads as the pipe's end
+            if self._conn is None:  # not started, or ended and its inputs failed
+                mine, process = self._connect() if self.connect else self._spawn()
                 self._process, self._conn, self._reported = process, mine, (time.monotonic(), True)
-                metrics.core_report([])  # a new core counts from zero, once it reports
                 threading.Thread(
                     target=self._receive, args=(mine, process), name="core-receiver", daemon=True
                 ).start()
             return self._conn
+
+    def _spawn(self) -> tuple[Connection, multiprocessing.process.BaseProcess]:
+        mine, theirs = self.context.Pipe()
+        listen = (self.address, self.authkey) if self.address else None
+        process = self.context.Process(
+            target=serve,
+            args=(theirs, self.settings, self.slots, listen),
+            name="engine-core",
+            daemon=True,
+        )
+        process.start()
+        if not isinstance(process, threading.Thread):  # InProcess shares the end
+            theirs.close()  # the core's end: its death then reads as the pipe's end
+        metrics.core_report([])  # a new core counts from zero, once it reports
+        return mine, process
+
+    def _connect(self) -> tuple[Connection, None]:
+        """The shared core; a job process starts beside it, so its socket may not be there
+        yet for a while (the core's imports)."""
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        while True:
+            try:
+                return Client(self.connect[0], "AF_UNIX", authkey=self.connect[1]), None
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                if time.monotonic() > deadline:
+                    raise EngineFailed("the engine core is not running", retry=True) from e
+                time.sleep(0.1)
+            except (OSError, AuthenticationError) as e:
+                raise EngineFailed("the engine core is not running", retry=True) from e
 
     def _send(self, message: tuple) -> None:
         conn = self._started()
@@ -157,7 +215,9 @@ class EngineCore:
         except OSError as e:  # it ended (the receiver fails what was in flight)
             raise EngineFailed("the engine core is not running", retry=True) from e
 
-    def _receive(self, conn: Connection, process: multiprocessing.process.BaseProcess) -> None:
+    def _receive(
+        self, conn: Connection, process: multiprocessing.process.BaseProcess | None
+    ) -> None:
         while True:
             try:
                 batch = conn.recv()
@@ -166,8 +226,11 @@ class EngineCore:
             for message in batch:
                 self._dispatch(message)
         conn.close()
-        process.join(timeout=5)
-        gone = EngineFailed(f"the engine core ended (exit {process.exitcode})", retry=True)
+        code = None
+        if process is not None:
+            process.join(timeout=5)
+            code = process.exitcode
+        gone = EngineFailed(f"the engine core ended (exit {code})", retry=True)
         for call in list(self._calls.values()):
             if not call.future.done():
                 call.future.set_exception(gone)
@@ -177,10 +240,10 @@ class EngineCore:
             if not loading.done():
                 loading.set_exception(gone)
         with self._lock:
-            if self._process is process:  # the next call starts a new one
-                self._process = None
+            if self._conn is conn:  # the next call starts a new one
+                self._process = self._conn = None
         if not self._closing and self.on_exit:
-            self.on_exit(process.exitcode)
+            self.on_exit(code)
 
     def _dispatch(self, message: tuple) -> None:
         match message:
@@ -202,20 +265,24 @@ class EngineCore:
                     loading.set_exception(error)
             case ("report", healthy, snapshot):
                 self._reported = (time.monotonic(), healthy)
-                metrics.core_report(snapshot)
+                if snapshot is not None:  # the engine's metrics go to the spawning process
+                    metrics.core_report(snapshot)
 
     def close(self) -> None:
-        """End the core (the worker is stopping). Its end of the pipe then closes, which ends
-        the receiving thread; closing ours under that thread would break its read."""
+        """Stop using the core (the worker is stopping); a core this process spawned ends.
+        The core's side closes the pipe, which ends the receiving thread; closing ours under
+        that thread would break its read."""
         self._closing = True
         with self._lock:
-            process, conn, self._process = self._process, self._conn, None
-        if process is not None:
+            process, conn = self._process, self._conn
+            self._process = self._conn = None
+        if conn is not None:
             try:
                 with self._send_lock:
                     conn.send(("stop",))
             except OSError:
                 pass  # it has ended already
+        if process is not None:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
@@ -292,82 +359,17 @@ def _sendable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-class _Core:
-    """The core process's state: the models, the inputs in them, and the outbox."""
+@dataclass(eq=False)
+class _Client:
+    """A process at one end of a connection to the core: what the core sends it waits in its
+    outbox, sent by a thread of its own, so that a slow reader stalls no other."""
 
-    def __init__(self, settings: Settings, slots: int | None):
-        self.engines = Engines(settings, on_device_fault=exit_on_device_fault, slots=slots)
-        self.outbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
-        self.preparers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="prepare")
-        self._lock = threading.Lock()
-        self._tickets: dict[int, tuple[Batcher, Ticket]] = {}
-        self._preparing: dict[int, bool] = {}  # not yet at a batcher: whether cancelled
-        self.gone = threading.Event()  # the worker's end of the pipe closed
+    conn: Connection
+    owner: bool  # its end closing ends the core; its reports carry the engine's metrics
+    outbox: queue.SimpleQueue[tuple | None] = field(default_factory=queue.SimpleQueue)
 
-    def load(self, name: str) -> None:
-        try:
-            self.engines.batcher(name)
-            self.outbox.put(("loaded", name, None))
-        except Exception as e:  # noqa: BLE001 - the worker decides what a failed load means
-            log.exception("model %s failed to load", name)
-            self.outbox.put(("loaded", name, _sendable(e)))
-
-    def submit(
-        self, call_id: int, name: str, host: Host, options: TranscriptionOptions, urgent: bool
-    ) -> None:
-        """Prepare the input on the device and hand it to its model's batcher, on a preparing
-        thread (a long file's first pass takes a while)."""
-        with self._lock:
-            self._preparing[call_id] = False
-        self.preparers.submit(self._prepare, call_id, name, host, options, urgent)
-
-    def _prepare(
-        self, call_id: int, name: str, host: Host, options: TranscriptionOptions, urgent: bool
-    ) -> None:
-        try:
-            batcher = self.engines.batcher(name)
-            checked = batcher.stream.check(options)
-            prepared = batcher.stream.prepare(host)
-        except Exception as e:  # noqa: BLE001 - the input's error is its job's
-            with self._lock:
-                del self._preparing[call_id]
-            self.outbox.put(("failed", call_id, _sendable(e)))
-            return
-
-        def progress(done_s: float, total_s: float) -> None:
-            self.outbox.put(("progress", call_id, done_s, total_s))
-
-        ticket = batcher.submit(prepared, checked, urgent, progress)
-        with self._lock:
-            self._tickets[call_id] = (batcher, ticket)
-            if self._preparing.pop(call_id):  # cancelled meanwhile
-                batcher.cancel(ticket)
-        ticket.future.add_done_callback(lambda f: self._finished(call_id, f))
-
-    def _finished(self, call_id: int, future: Future[Transcription]) -> None:
-        with self._lock:
-            self._tickets.pop(call_id, None)
-        error = future.exception()
-        if error is None:
-            self.outbox.put(("done", call_id, future.result()))
-        elif not isinstance(error, Cancelled):  # a cancelled call's worker has stopped asking
-            self.outbox.put(("failed", call_id, _sendable(error)))
-
-    def cancel(self, call_id: int) -> None:
-        with self._lock:
-            held = self._tickets.get(call_id)
-            if held is not None:
-                held[0].cancel(held[1])
-            elif call_id in self._preparing:
-                self._preparing[call_id] = True  # at the batcher, it is taken out
-            # else it ended already: nothing to take out
-
-    def report(self) -> None:
-        while not self.gone.wait(REPORT_EVERY_S):
-            self.outbox.put(("report", self.engines.healthy(), metrics.engine_snapshot()))
-
-    def send(self, conn: Connection) -> None:
-        """Send what the outbox holds, all that is there at once in one message."""
+    def send(self) -> None:
+        """Send what the outbox holds, all that is there at once in one message, until None."""
         while True:
             batch = [self.outbox.get()]
             try:
@@ -375,33 +377,172 @@ class _Core:
                     batch.append(self.outbox.get_nowait())
             except queue.Empty:
                 pass
+            last = None in batch
             try:
-                conn.send(batch)
-            except OSError:  # the worker is gone: the receiving loop ends the core
-                self.gone.set()
+                if messages := [m for m in batch if m is not None]:
+                    self.conn.send(messages)
+            except OSError:  # it is gone: its receiving loop sees that too
+                return
+            if last:
+                self.conn.close()
                 return
 
 
-def serve(conn: Connection, settings: Settings, slots: int | None) -> None:
-    """The engine core process: serve the worker at the other end of `conn` until it stops."""
+Key = tuple[_Client, int]  # a call, by the client that sent it and the client's id for it
+
+
+class _Core:
+    """The core process's state: the models, the inputs in them, and the processes it serves."""
+
+    def __init__(self, settings: Settings, slots: int | None):
+        self.engines = Engines(settings, on_device_fault=exit_on_device_fault, slots=slots)
+        self.preparers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="prepare")
+        self._lock = threading.Lock()
+        self._clients: list[_Client] = []
+        self._tickets: dict[Key, tuple[Batcher, Ticket]] = {}
+        self._preparing: dict[Key, bool] = {}  # not yet at a batcher: whether cancelled
+        self.gone = threading.Event()  # the owner's end of the pipe closed
+
+    def connect(self, conn: Connection, owner: bool) -> _Client:
+        client = _Client(conn, owner)
+        with self._lock:
+            self._clients.append(client)
+        threading.Thread(target=client.send, name="core-sender", daemon=True).start()
+        return client
+
+    def receive(self, client: _Client) -> None:
+        """Serve `client`'s messages until it stops or its end closes."""
+        while True:
+            try:
+                message = client.conn.recv()
+            except (EOFError, OSError):  # its process died
+                message = ("stop",)
+            match message:
+                case ("load", name):
+                    self.preparers.submit(self.load, client, name)
+                case ("submit", call_id, name, host, options, urgent):
+                    self.submit((client, call_id), name, host, options, urgent)
+                case ("cancel", call_id):
+                    self.cancel((client, call_id))
+                case ("stop",):
+                    return self.drop(client)
+
+    def drop(self, client: _Client) -> None:
+        """Forget a client that stopped: what it had in flight leaves the batches (a job
+        process killed under its jobs: they are run again elsewhere, by lease)."""
+        with self._lock:
+            self._clients.remove(client)
+            keys = [k for k in (*self._tickets, *self._preparing) if k[0] is client]
+        for key in keys:
+            self.cancel(key)
+        client.outbox.put(None)
+
+    def _tell(self, key: Key, *message: object) -> None:
+        key[0].outbox.put((message[0], key[1], *message[1:]))
+
+    def load(self, client: _Client, name: str) -> None:
+        try:
+            self.engines.batcher(name)
+            client.outbox.put(("loaded", name, None))
+        except Exception as e:  # noqa: BLE001 - the worker decides what a failed load means
+            log.exception("model %s failed to load", name)
+            client.outbox.put(("loaded", name, _sendable(e)))
+
+    def submit(
+        self, key: Key, name: str, host: Host, options: TranscriptionOptions, urgent: bool
+    ) -> None:
+        """Prepare the input on the device and hand it to its model's batcher, on a preparing
+        thread (a long file's first pass takes a while)."""
+        with self._lock:
+            self._preparing[key] = False
+        self.preparers.submit(self._prepare, key, name, host, options, urgent)
+
+    def _prepare(
+        self, key: Key, name: str, host: Host, options: TranscriptionOptions, urgent: bool
+    ) -> None:
+        try:
+            batcher = self.engines.batcher(name)
+            checked = batcher.stream.check(options)
+            prepared = batcher.stream.prepare(host)
+        except Exception as e:  # noqa: BLE001 - the input's error is its job's
+            with self._lock:
+                del self._preparing[key]
+            self._tell(key, "failed", _sendable(e))
+            return
+
+        def progress(done_s: float, total_s: float) -> None:
+            self._tell(key, "progress", done_s, total_s)
+
+        ticket = batcher.submit(prepared, checked, urgent, progress)
+        with self._lock:
+            self._tickets[key] = (batcher, ticket)
+            if self._preparing.pop(key):  # cancelled meanwhile
+                batcher.cancel(ticket)
+        ticket.future.add_done_callback(lambda f: self._finished(key, f))
+
+    def _finished(self, key: Key, future: Future[Transcription]) -> None:
+        with self._lock:
+            self._tickets.pop(key, None)
+        error = future.exception()
+        if error is None:
+            self._tell(key, "done", future.result())
+        elif not isinstance(error, Cancelled):  # a cancelled call's worker has stopped asking
+            self._tell(key, "failed", _sendable(error))
+
+    def cancel(self, key: Key) -> None:
+        with self._lock:
+            held = self._tickets.get(key)
+            if held is not None:
+                held[0].cancel(held[1])
+            elif key in self._preparing:
+                self._preparing[key] = True  # at the batcher, it is taken out
+            # else it ended already: nothing to take out
+
+    def report(self) -> None:
+        """Every client's heartbeat (whether every batcher turns); the owner's also carries
+        the engine's metrics, so that they are served once however many processes ask."""
+        while not self.gone.wait(REPORT_EVERY_S):
+            healthy = self.engines.healthy()
+            with self._lock:
+                clients = list(self._clients)
+            for client in clients:
+                snapshot = metrics.engine_snapshot() if client.owner else None
+                client.outbox.put(("report", healthy, snapshot))
+
+    def accept(self, listener: Listener) -> None:
+        """Serve each job process that connects (`whisperfleet worker --processes`)."""
+        while True:
+            try:
+                conn = listener.accept()
+            except AuthenticationError:
+                log.warning("engine core: a connection without the key was refused")
+                continue
+            except OSError:  # closed
+                return
+            client = self.connect(conn, owner=False)
+            threading.Thread(
+                target=self.receive, args=(client,), name="core-receiver", daemon=True
+            ).start()
+
+
+def serve(
+    conn: Connection,
+    settings: Settings,
+    slots: int | None,
+    listen: tuple[str, bytes] | None = None,
+) -> None:
+    """The engine core process: serve the worker at the other end of `conn` (its owner) until
+    it stops, and with `listen` (a Unix socket's address, its key) the job processes that
+    connect there too."""
     logs.configure(settings.log_format)
     core = _Core(settings, slots)
-    for target, args in ((core.send, (conn,)), (core.report, ())):
-        threading.Thread(target=target, args=args, daemon=True).start()
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the worker died
-            message = ("stop",)
-        match message:
-            case ("load", name):
-                core.preparers.submit(core.load, name)
-            case ("submit", call_id, name, host, options, urgent):
-                core.submit(call_id, name, host, options, urgent)
-            case ("cancel", call_id):
-                core.cancel(call_id)
-            case ("stop",):  # nothing left to do
-                if threading.current_thread() is not threading.main_thread():
-                    core.gone.set()
-                    return  # a core in the worker's own process (InProcess)
-                os._exit(0)  # now: not after the threads that may be loading a model
+    owner = core.connect(conn, owner=True)
+    threading.Thread(target=core.report, name="core-report", daemon=True).start()
+    if listen is not None:  # listening before the owner hears of any load: no connect races it
+        listener = Listener(listen[0], "AF_UNIX", authkey=listen[1])
+        threading.Thread(target=core.accept, args=(listener,), daemon=True).start()
+    core.receive(owner)  # until the owner stops or dies: nothing is left to do
+    if threading.current_thread() is not threading.main_thread():
+        core.gone.set()
+        return  # a core in the worker's own process (InProcess)
+    os._exit(0)  # now: not after the threads that may be loading a model

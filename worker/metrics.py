@@ -156,12 +156,15 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def serve(host: str, port: int, store: JobStore, held: set[str]) -> None:
+def serve(
+    host: str, port: int, store: JobStore | None = None, held: set[str] | None = None
+) -> None:
     """Serve `/metrics` and `/ready` from a thread; held: the ids of the jobs whose lease
-    this worker holds."""
+    this worker holds (without a store: a process that runs no jobs, the engine's metrics)."""
     if not port:
         return
-    REGISTRY.register(_Scraped(store, held))
+    if store is not None:
+        REGISTRY.register(_Scraped(store, held))
     try:
         family = socket.getaddrinfo(host, port)[0][0]  # an IPv6 host too
         server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})

@@ -38,7 +38,7 @@ from worker.contract.jobs import (
     TransitionError,
 )
 from worker.contract.settings import get_settings
-from worker.core import EngineCore
+from worker.core import EngineCore, shared_core
 from worker.execute import (
     TRANSIENT,
     JobCancelled,
@@ -80,7 +80,7 @@ class JobTask(Task):
 
     @cached_property
     def engines(self) -> EngineCore:
-        return EngineCore(get_settings())
+        return EngineCore(get_settings(), connect=shared_core())
 
     @cached_property
     def quarantine(self) -> Quarantine:

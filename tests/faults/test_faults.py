@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import io
 import signal
+import socket
+import sys
 import time
 
+import httpx
 import numpy as np
 import psutil
 import pytest
 
+from tests.conftest import free_port
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
 from worker.core import CUDA_FAULT_EXIT
 
@@ -353,3 +357,79 @@ def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_j
         fleet.close()
         fleet.redis_server.close()
         print(fleet.logs()[-15000:])
+
+
+def free_ports(run: int) -> int:
+    """A free port with the `run - 1` after it free too."""
+    while True:
+        port = free_port()
+        try:
+            for p in range(port + 1, port + run):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+
+
+def test_job_processes_share_one_engine_core_and_outlive_each_other(fleet, inputs):
+    """`whisperfleet worker --processes 2`: one engine core, warm before either job process
+    starts, fed by both. A job process `kill -9`ed mid-batch is started again and its jobs are
+    taken over, each run once, while the core and the other process go on; `kill -9` of the
+    worker itself then leaves no process behind: the core reads its owner's end and exits,
+    and the job processes end with their core."""
+    port = free_ports(3)
+    argv = [sys.executable, "-m", "worker.cli", "worker", "--processes", "2"]
+    worker = fleet._start(argv, {**fleet.env, "WHISPERFLEET_METRICS_PORT": str(port)})
+    try:
+
+        def children() -> tuple[list[psutil.Process], list[psutil.Process]]:
+            procs = psutil.Process(worker.pid).children()
+            cores = [p for p in procs if "spawn_main" in " ".join(p.cmdline())]
+            jobs = [p for p in procs if "worker.cli" in p.cmdline()]
+            return cores, jobs
+
+        deadline = time.monotonic() + 180
+        while len(children()[1]) < 2:
+            assert time.monotonic() < deadline and worker.poll() is None, "no job processes"
+            time.sleep(0.2)
+        deadline = time.monotonic() + 180
+        while httpx.get(f"http://127.0.0.1:{port}/ready").status_code != 200:
+            assert time.monotonic() < deadline and worker.poll() is None, "never ready"
+            time.sleep(0.2)
+        # ready once both job processes are: they take jobs, from the one warm core
+        assert [
+            httpx.get(f"http://127.0.0.1:{p}/ready").status_code for p in (port + 1, port + 2)
+        ] == [200, 200]
+        time.sleep(2)  # the core's first report
+        owner, job = (httpx.get(f"http://127.0.0.1:{p}/metrics").text for p in (port, port + 1))
+        # the engine's series once, on the worker's port; each job process's jobs on its own
+        assert "whisperfleet_engine_busy_seconds_total" in owner
+        assert "whisperfleet_engine_busy_seconds_total" not in job
+        assert "whisperfleet_running_jobs" in job and "whisperfleet_running_jobs" not in owner
+        [core], first = children()
+        ids = submit_many(fleet, inputs, 24)
+        fleet.wait_until(ids, RUNNING, 4, timeout=120)
+        victim = next(
+            p for p in first if any(fleet.store.get(i).worker.endswith(f":{p.pid}") for i in ids
+                                    if fleet.store.get(i).status == "running")
+        )  # fmt: skip
+        victim.kill()
+        fleet.wait_all(ids)
+        tally = fleet.tally(ids)
+        assert (tally.succeeded, tally.duplicates, tally.lost) == (24, 0, 0)
+        ran_on = {fleet.store.get(i).worker.rpartition(":")[2] for i in ids}
+        assert len(ran_on) >= 2, ran_on  # both processes fed the one core
+        cores, jobs = children()
+        assert [p.pid for p in cores] == [core.pid]  # the core outlived the job process
+        assert victim.pid not in {p.pid for p in jobs} and len(jobs) == 2  # started again
+        loads = [line for line in fleet.logs().splitlines() if "model tiny.en ready in" in line]
+        assert sum(f"[{core.pid} " in line for line in loads) == 1  # once, in the one core;
+        # the others ran the killed process's jobs alone, each in a quarantine process
+        assert fleet.logs().count("loaded and warm") == 3  # each job process found it so
+        everything = psutil.Process(worker.pid).children(recursive=True)
+    finally:
+        worker.kill()
+        worker.wait()
+    gone, alive = psutil.wait_procs(everything, timeout=15)
+    assert not alive, [p.cmdline() for p in alive]

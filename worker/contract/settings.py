@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     # together once batch_size wait (default: the model's encoder batch) or the oldest has
     # waited batch_max_wait_ms: longer waits, fuller batches; shorter, lower latency alone.
     worker_concurrency: int = 32
+    # Job processes feeding one worker's engine core (`whisperfleet worker --processes`): on a
+    # fast GPU one process's fetching, decoding and storing (one interpreter lock) falls
+    # behind the engine; each process runs worker_concurrency jobs.
+    worker_processes: int = Field(1, ge=1, le=64)
     batch_size: int | None = None
     batch_max_wait_ms: float = 10.0
     # A job whose worker died under it runs again alone, in the quarantine lane; it is failed as
