@@ -185,8 +185,8 @@ class Runner:
         n_slots, text_ctx = self.slots.n_slots, self.slots.text_ctx
         rows = sorted({bucket(n, DECODE_BUCKETS, n_slots) for n in range(1, n_slots + 1)})
         keys = sorted({key_bucket(k, text_ctx) for k in range(1, text_ctx + 1)})
-        flags = (False, True)
-        return [(b, k, t, s) for b in rows for k in keys for t in flags for s in flags]
+        stamps = (True,) if self.pad_to_buckets else (False, True)  # see `launch`
+        return [(b, k, t, s) for b in rows for k in keys for t in stamps for s in (False, True)]
 
     @torch.inference_mode()
     def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
@@ -389,7 +389,11 @@ class Runner:
         if n == 0:
             return
         self._launched = n
-        timestamps = any(s.task.timestamps for s in live)
+        # On CUDA every step applies the timestamp rules, each row by its own flag (the fused
+        # kernel skips their pass for a row without): one graph serves both kinds of row, half
+        # as many to capture before the worker is ready. The CPU skips the rules when no row
+        # predicts timestamps.
+        timestamps = self.pad_to_buckets or any(s.task.timestamps for s in live)
         sampling_rows = [i for i, s in enumerate(live) if s.task.temperature > 0]
         sampling = bool(sampling_rows)
         steps = 1 if sampling else self.horizon

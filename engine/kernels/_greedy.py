@@ -85,24 +85,27 @@ def greedy_kernel(
     floor = tl.where(after_lone, last_timestamp, last_timestamp + 1)
 
     force = ts_row & False
-    if TIMESTAMPS:  # pass 1: are the timestamps together likelier than any text token?
-        text_max = -float("inf")
-        ts_max = -float("inf")
-        ts_sum = 0.0
-        for i in range(0, tl.cdiv(N_VOCAB, BLOCK)):
-            v = i * BLOCK + tl.arange(0, BLOCK)
-            x = _ruled(
-                row_ptr, v, suppress_ptr, blank_ptr, first, early, ts_row, after_pair,
-                after_lone, seen, floor, force, eot, no_timestamps, begin, last_initial,
-                N_VOCAB, HAS_BLANK, TIMESTAMPS,
-            )  # fmt: skip
-            text_max = tl.maximum(text_max, tl.max(tl.where(v < begin, x, -float("inf")), 0))
-            ts = tl.where(v >= begin, x, -float("inf"))
-            new_max = tl.maximum(ts_max, tl.max(ts, 0))
-            shift = tl.where(new_max == -float("inf"), 0.0, new_max)
-            ts_sum = ts_sum * tl.exp(ts_max - shift) + tl.sum(tl.exp(ts - shift), 0)
-            ts_max = new_max
-        force = ts_row & (ts_max + tl.log(ts_sum) > text_max)
+    # pass 1, for a row that predicts timestamps: are they together likelier than any text
+    # token? (A row that does not skips it, so one kernel serves batches of both.)
+    if TIMESTAMPS:
+        if ts_row:
+            text_max = -float("inf")
+            ts_max = -float("inf")
+            ts_sum = 0.0
+            for i in range(0, tl.cdiv(N_VOCAB, BLOCK)):
+                v = i * BLOCK + tl.arange(0, BLOCK)
+                x = _ruled(
+                    row_ptr, v, suppress_ptr, blank_ptr, first, early, ts_row, after_pair,
+                    after_lone, seen, floor, force, eot, no_timestamps, begin, last_initial,
+                    N_VOCAB, HAS_BLANK, TIMESTAMPS,
+                )  # fmt: skip
+                text_max = tl.maximum(text_max, tl.max(tl.where(v < begin, x, -float("inf")), 0))
+                ts = tl.where(v >= begin, x, -float("inf"))
+                new_max = tl.maximum(ts_max, tl.max(ts, 0))
+                shift = tl.where(new_max == -float("inf"), 0.0, new_max)
+                ts_sum = ts_sum * tl.exp(ts_max - shift) + tl.sum(tl.exp(ts - shift), 0)
+                ts_max = new_max
+            force = ts_row & (ts_max + tl.log(ts_sum) > text_max)
 
     # pass 2: the greedy choice and its log-probability
     best = -float("inf")

@@ -116,3 +116,22 @@ def test_greedy_kernel_matches_torch_filters(rules, timestamps, dtype):
     if timestamps:  # the inputs reach the timestamp rules' branches
         assert ((ref_token >= tok.timestamp_begin) & state.timestamps).any()
         assert ((ref_token < tok.eot) & state.timestamps).any()
+
+
+def test_a_row_without_timestamps_chooses_alike_in_a_step_that_applies_them(rules):
+    """On CUDA every decode step applies the timestamp rules, each row by its own flag (one
+    graph for both kinds of row): a row that does not predict timestamps must choose what a
+    step without the rules chooses."""
+    rules, tok = rules
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(32, rules.n_vocab, generator=g) * 3
+    logits[:, tok.timestamp_begin :] += 4.0  # timestamps would win where the rules apply
+    logits = logits.to(torch.float16).to(DEVICE)
+    state = random_state(tok, 32, g)
+    plain = ~state.timestamps
+    assert plain.any() and state.timestamps.any()
+    token, logprob = rules.triton_select(logits, state, True)
+    ref_token, ref_logprob = rules.torch_select(logits, state, False)
+    assert torch.equal(token[plain], ref_token[plain])
+    torch.testing.assert_close(logprob[plain], ref_logprob[plain], rtol=1e-5, atol=1e-4)
+    assert (token[state.timestamps] >= tok.timestamp_begin).any()  # the others did apply them
