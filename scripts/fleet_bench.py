@@ -172,11 +172,11 @@ class Fleet:
 
     def __init__(self, args: argparse.Namespace, model: str, source: str, log_dir: Path):
         self.args, self.model, self.log_dir = args, model, log_dir
-        self.metrics_port = free_port(65)  # the worker's, then one per job process
+        redis_port, s3_port = free_port(), free_port()
         self.processes = 1
         self.settings = Settings(
-            redis_url=f"redis://127.0.0.1:{free_port()}/0",
-            s3_endpoint_url=f"http://127.0.0.1:{free_port()}",
+            redis_url=f"redis://127.0.0.1:{redis_port}/0",
+            s3_endpoint_url=f"http://127.0.0.1:{s3_port}",
             s3_bucket="fleet-bench",
             models=f"{model}={source}",
             default_model=model,
@@ -188,6 +188,8 @@ class Fleet:
             ensure_redis(self.settings, start=True),
             ensure_storage(self.settings, start=True),
         ]
+        # the worker's port, then one per job process: chosen with Redis and S3 listening
+        self.metrics_port = free_port(65)
         self.store = JobStore(redis.Redis.from_url(self.settings.redis_url))
         self.storage, self.app = Storage(self.settings), create_app(self.settings)
         self.storage.ensure_bucket()

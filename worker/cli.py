@@ -179,7 +179,7 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
     spread over that many interpreter locks; the GPU's batches stay whole). This process owns
     the core and serves its metrics on the metrics port (the job processes on the ports after
     it). The job processes start beside the core, so that their imports overlap its warm-up,
-    and take no message before it is warm; `/ready` says 200 once every one of them does. A
+    and take no message before it is warm; `/ready` says 200 once every one has found it so. A
     job process that dies is started again; if the core ends unasked, this process ends (exit
     70) and the job processes end with their core."""
     from worker import logs, metrics
@@ -207,10 +207,7 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
                 "engine core ready in %.1f s (%s warm), fed by %d job processes",
                 time.monotonic() - started, settings.default_model, processes,
             )  # fmt: skip
-            ready = threading.Thread(
-                target=_ready_when, args=(settings.metrics_host, ports), daemon=True
-            )
-            ready.start()
+            threading.Thread(target=_ready_when, args=(core, processes), daemon=True).start()
             return supervised.watch()
         return 0  # drained after Ctrl-C or SIGTERM
     finally:
@@ -218,21 +215,13 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
         core.close()
 
 
-def _ready_when(host: str, ports: list[int]) -> None:
-    """Set this process's readiness once every job process's `/ready` says 200."""
-    import httpx
-
+def _ready_when(core, processes: int) -> None:
+    """Set this process's readiness once every job process has found the core warm (and so
+    takes jobs)."""
     from worker import metrics
 
-    host = f"[{host}]" if ":" in host else host  # an IPv6 address
-    for port in ports:
-        while True:
-            try:
-                if httpx.get(f"http://{host}:{port}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    while core.job_processes < processes:
+        time.sleep(0.05)
     metrics.READY.set()
 
 

@@ -160,6 +160,7 @@ class EngineCore:
         self._ids = itertools.count()
         self._reported = (time.monotonic(), True)  # when the core last reported, and health
         self._closing = False
+        self.job_processes = 0  # connected to this (listening) core, and warm
 
     @property
     def shared(self) -> str:
@@ -263,6 +264,8 @@ class EngineCore:
                     loading.set_result(None)
                 elif loading is not None:
                     loading.set_exception(error)
+            case ("job processes", warm):
+                self.job_processes = warm
             case ("report", healthy, snapshot):
                 self._reported = (time.monotonic(), healthy)
                 if snapshot is not None:  # the engine's metrics go to the spawning process
@@ -366,6 +369,7 @@ class _Client:
 
     conn: Connection
     owner: bool  # its end closing ends the core; its reports carry the engine's metrics
+    warm: bool = False  # it has loaded a model: a job process then takes jobs
     outbox: queue.SimpleQueue[tuple | None] = field(default_factory=queue.SimpleQueue)
 
     def send(self) -> None:
@@ -436,6 +440,16 @@ class _Core:
         for key in keys:
             self.cancel(key)
         client.outbox.put(None)
+        if client.warm:
+            self._tell_owner()
+
+    def _tell_owner(self) -> None:
+        """How many job processes take jobs now: the owner's readiness waits for them."""
+        with self._lock:
+            warm = sum(c.warm for c in self._clients if not c.owner)
+            owners = [c for c in self._clients if c.owner]
+        for owner in owners:
+            owner.outbox.put(("job processes", warm))
 
     def _tell(self, key: Key, *message: object) -> None:
         key[0].outbox.put((message[0], key[1], *message[1:]))
@@ -444,6 +458,9 @@ class _Core:
         try:
             self.engines.batcher(name)
             client.outbox.put(("loaded", name, None))
+            if not client.warm:
+                client.warm = True
+                self._tell_owner()
         except Exception as e:  # noqa: BLE001 - the worker decides what a failed load means
             log.exception("model %s failed to load", name)
             client.outbox.put(("loaded", name, _sendable(e)))
