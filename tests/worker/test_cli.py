@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_gpus_all_with_no_gpu_visible_says_so():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
@@ -86,3 +88,43 @@ def test_word_cues_in_a_format_without_cues_is_refused_before_any_work(clips):
     assert done.stderr.strip().splitlines() == [
         "whisperfleet transcribe: --granularity word applies to srt, vtt"
     ]
+
+
+@pytest.mark.parametrize(
+    "env, cores, gpus, expected",
+    [
+        ({"WHISPERFLEET_DEVICE": "cpu"}, 16, 1, 1),  # the engine needs the cores itself
+        ({"WHISPERFLEET_DEVICE": "cpu"}, 16, 2, 1),  # --gpus with a CPU engine (tests)
+        ({"WHISPERFLEET_DEVICE": "cuda"}, 16, 1, 8),  # the H200 host: 8 measured best
+        ({"WHISPERFLEET_DEVICE": "cuda"}, 64, 1, 8),  # at most 8 a GPU
+        ({"WHISPERFLEET_DEVICE": "cuda"}, 16, 2, 4),  # --gpus 0,1: the cores shared
+        ({"WHISPERFLEET_DEVICE": "cuda:1"}, 2, 1, 1),
+        ({"WHISPERFLEET_DEVICE": "auto"}, 16, 1, 1),  # no GPU on this machine
+        ({"WHISPERFLEET_DEVICE": "cuda", "WHISPERFLEET_WORKER_PROCESSES": "3"}, 16, 1, 3),
+    ],
+)
+def test_job_processes_default_to_the_device_and_the_cores(monkeypatch, env, cores, gpus, expected):
+    from worker import cli
+    from worker.contract.settings import get_settings
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    get_settings.cache_clear()
+    try:
+        assert cli._job_processes(gpus) == expected
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("value", ["0", "65", "two", "1.5"])
+def test_processes_out_of_range_is_a_usage_error(value):
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "worker", "--processes", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"argument --processes: '{value}': a whole number from 1 to 64" in done.stderr

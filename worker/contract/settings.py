@@ -106,8 +106,9 @@ class Settings(BaseSettings):
     worker_concurrency: int = 32
     # Job processes feeding one worker's engine core (`whisperfleet worker --processes`): on a
     # fast GPU one process's fetching, decoding and storing (one interpreter lock) falls
-    # behind the engine; each process runs worker_concurrency jobs.
-    worker_processes: int = Field(1, ge=1, le=64)
+    # behind the engine; each process runs worker_concurrency jobs. Default: 1 on the CPU; on
+    # GPUs half the host's cores shared among them, at most 8 a GPU.
+    worker_processes: int | None = Field(None, ge=1, le=64)
     batch_size: int | None = None
     batch_max_wait_ms: float = 10.0
     # A job whose worker died under it runs again alone, in the quarantine lane; it is failed as
