@@ -5,6 +5,8 @@ through Redis, a real `whisperfleet worker` and S3 storage (moto's server), on o
         [--models tiny.en,large-v3=random:large-v3] [--copies 8,32]
         [--inputs audio,spectrogram] [--processes 1,4] [--transformers] [--plot fleet.png]
         [--json out.json]
+    python scripts/fleet_bench.py --replot out.json --plot fleet.png
+    python scripts/fleet_bench.py --restarts 3 --processes 1,4   # only the time to /ready
 
 For each model, input kind (audio files, or the same clips as .npy log-mel spectrograms) and
 number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
@@ -381,6 +383,21 @@ def model_inputs(kind: str, clips, copies: int, n_mels: int, random_weights: boo
     return Inputs(kind, items * copies, sum(s for _, s in clips) * copies)
 
 
+def spans(points: list[dict], at_least: float = 2.0) -> list[dict]:
+    """The timeline's rates over spans of `at_least` seconds: the core reports once a second
+    and the scrapes come twice, so single intervals alias (0.5 s, 1.5 s); a rate times its
+    interval is a counter's change, so merging them is exact."""
+    out, since, audio, busy = [], points[0]["t"] if points else 0.0, 0.0, 0.0
+    for prev, p in zip(points, points[1:], strict=False):
+        dt = p["t"] - prev["t"]
+        audio, busy = audio + p["audio_per_s"] * dt, busy + p["busy"] * dt
+        if p["t"] - since >= at_least:
+            span = p["t"] - since
+            out.append({"t": p["t"], "audio_per_s": audio / span, "busy": busy / span})
+            since, audio, busy = p["t"], 0.0, 0.0
+    return out
+
+
 def plot(path: Path, rows: list[Row]) -> None:
     import matplotlib
 
@@ -389,17 +406,18 @@ def plot(path: Path, rows: list[Row]) -> None:
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
     for row in rows:
-        if not row.timeline:
+        if not (points := spans(row.timeline)):
             continue
         label = f"{row.model} {row.kind} x{row.copies}, {row.processes} job process(es)"
-        t = [p["t"] for p in row.timeline]
-        top.plot(t, [p["audio_per_s"] for p in row.timeline], label=label)
-        bottom.plot(t, [p["busy"] for p in row.timeline], label=label)
+        t = [p["t"] for p in points]
+        top.plot(t, [p["audio_per_s"] for p in points], label=label, marker=".")
+        bottom.plot(t, [p["busy"] for p in points], label=label, marker=".")
     top.set_ylabel("audio seconds / second")
     bottom.set_ylabel("engine busy fraction")
     bottom.set_xlabel("seconds since the first dispatch (warm worker)")
     top.legend(fontsize=8)
-    top.set_title("one worker on the GPU, scraped from its metrics port")
+    bottom.set_ylim(bottom=0)
+    top.set_title("one worker on the GPU, scraped from its metrics ports (2 s spans)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -427,8 +445,22 @@ def main() -> None:
     )
     parser.add_argument("--plot", help="write a PNG of the warm runs' metrics here")
     parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--replot", metavar="JSON", help="only draw --plot from an earlier --json")
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        metavar="N",
+        help="only start the worker N times (each after a kill -9 of the last) and time /ready",
+    )
     args = parser.parse_args()
+    if args.replot:
+        rows = [Row(**r) for r in json.loads(Path(args.replot).read_text())]
+        plot(Path(args.plot), rows)
+        return
     args.slot_memory = int(args.slot_memory_gb * 1024**3) if args.slot_memory_gb else None
+    if args.restarts:
+        restarts(args)
+        return
     clips = read_clips(Path(args.audio_dir))
     log_dir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     compile_cache = log_dir / "triton"  # the workers': empty, the first start compiles all
@@ -479,6 +511,30 @@ def main() -> None:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     for cache in ("triton", "triton-engine"):
         shutil.rmtree(log_dir / cache, ignore_errors=True)
+
+
+def restarts(args: argparse.Namespace) -> None:
+    """Start each model's worker `--restarts` times, every shape of `--processes`, and print
+    how long each took to `/ready` (the first with an empty compile cache)."""
+    log_dir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    print("| model | job processes | start | ready s | core and job processes gone |")
+    print("|---|---|---|---|---|")
+    for spec in args.models.split(","):
+        name, _, source = spec.partition("=")
+        fleet = Fleet(args, name, source or name, log_dir)
+        try:
+            for processes in map(int, args.processes.split(",")):
+                fleet.processes = processes
+                for _ in range(args.restarts):
+                    _, ready = fleet.start_worker()
+                    first = " (empty cache)" if fleet.starts == 1 else ""
+                    gone = fleet.kill_worker()
+                    print(
+                        f"| {name} | {processes} | {fleet.starts}{first} | {ready:.1f} | {gone} |"
+                    )
+        finally:
+            fleet.close()
+    print(f"logs in {log_dir}")
 
 
 def table(rows: list[Row], header: bool = True) -> str:

@@ -24,6 +24,7 @@ import torch
 from engine import Stream, StreamStats, Transcription, TranscriptionOptions
 from engine.inputs import Prepared
 from worker import metrics
+from worker.core import Cancelled, EngineFailed
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +32,6 @@ log = logging.getLogger(__name__)
 # context cannot be trusted. The worker's entry point decides (it ends the process); without
 # one, the batcher fails the inputs in flight as for any engine error.
 DeviceFaultHandler = Callable[[BaseException], None]
-
-
-class Cancelled(Exception):
-    """The input was taken out before its result (its job was cancelled)."""
-
-
-class EngineFailed(RuntimeError):
-    """The engine failed while this input was in flight; the input itself may be fine.
-    `retry`: whether running it again can succeed (false: out of memory at one slot);
-    `oom`: it ran out of device memory (the pool was halved: run it again at once)."""
-
-    def __init__(self, message: str, retry: bool, oom: bool = False):
-        super().__init__(message)
-        self.retry, self.oom = retry, oom
-
-    def __reduce__(self):  # it crosses from the engine core to the worker
-        return type(self), (self.args[0], self.retry, self.oom)
 
 
 @dataclass(frozen=True)

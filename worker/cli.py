@@ -76,13 +76,13 @@ def _worker(args: argparse.Namespace) -> int:
         processes = args.processes or _job_processes(len(gpus))
         return _worker_per_gpu(gpus, args.concurrency, args.queues, processes)
     processes = args.processes or _job_processes()
+    if processes > 1:
+        return _worker_processes(processes, args.concurrency, args.queues)
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
     ensure_redis(settings, start=False)
     ensure_storage(settings, start=False)
-    if processes > 1:
-        return _worker_processes(processes, args.concurrency, args.queues)
     from worker.app import app
 
     # what the worker runs besides its jobs starts from Celery's signals (worker.lifecycle),
@@ -163,12 +163,30 @@ def _job_processes(gpus: int = 1) -> int:
         return settings.worker_processes
     if settings.device == "cpu":
         return 1
-    if settings.device == "auto":
-        import torch  # the worker imports it anyway; asking creates no CUDA context
-
-        if not torch.cuda.is_available():
-            return 1
+    if settings.device == "auto" and not _gpu_visible():
+        return 1
     return max(1, min(8, (os.cpu_count() or 1) // (2 * gpus)))
+
+
+def _gpu_visible() -> bool:
+    """Whether this process may use an NVIDIA GPU, asked of the driver's NVML as torch's own
+    check can be: no torch import before the engine core is spawned, no CUDA context."""
+    import ctypes
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.split(",")[0].strip() in ("", "-1"):
+        return False  # hidden
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False  # no driver
+    count = ctypes.c_uint(0)
+    if nvml.nvmlInit_v2() != 0:
+        return False
+    try:
+        return nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 and count.value > 0
+    finally:
+        nvml.nvmlShutdown()
 
 
 def _gpu_list(spec: str) -> list[str]:
@@ -219,9 +237,14 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
 
     settings = get_settings()
     logs.configure(settings.log_format)
+    core = EngineCore(settings, on_exit=exit_with_core, listen=True)
+    core.start()  # first: the slowest part of a start, now beside the rest
+    from worker.embedded import ensure_redis, ensure_storage
+
+    ensure_redis(settings, start=False)
+    ensure_storage(settings, start=False)
     port = settings.metrics_port
     metrics.serve(settings.metrics_host, port)
-    core = EngineCore(settings, on_exit=exit_with_core, listen=True)
     cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", "1", "--queues", queues]
     if concurrency:
         cli += ["--concurrency", str(concurrency)]

@@ -41,16 +41,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from multiprocessing.connection import AuthenticationError, Client, Connection, Listener
+from typing import TYPE_CHECKING
 
-from engine import Transcription, TranscriptionOptions
-from engine.inputs import Host, read_input
 from worker import logs, metrics
-from worker.batching import Batcher, Cancelled, EngineFailed, Ticket
 from worker.contract.jobs import QUEUES
 from worker.contract.options import JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
-from worker.engines import Engines, engine_options, single_flight, transcript
+
+if TYPE_CHECKING:  # the engine (torch) is imported where it runs: a worker with job processes
+    # spawns its core before it imports anything heavy, so the two start together
+    from engine import Transcription, TranscriptionOptions
+    from engine.inputs import Host
+    from worker.batching import Batcher, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,32 @@ def exit_with_core(code: int | None) -> None:
     log.critical("the engine core ended (exit %s); the worker ends too", code)
     logging.shutdown()
     os._exit(CUDA_FAULT_EXIT)
+
+
+class Cancelled(Exception):
+    """The input was taken out before its result (its job was cancelled)."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine failed while this input was in flight; the input itself may be fine.
+    `retry`: whether running it again can succeed (false: out of memory at one slot);
+    `oom`: it ran out of device memory (the pool was halved: run it again at once)."""
+
+    def __init__(self, message: str, retry: bool, oom: bool = False):
+        super().__init__(message)
+        self.retry, self.oom = retry, oom
+
+    def __reduce__(self):  # it crosses from the engine core to the worker
+        return type(self), (self.args[0], self.retry, self.oom)
+
+
+def single_flight(under_way: dict[str, Future], key: str) -> tuple[Future, bool]:
+    """The future of the work on `key` under way, or a new one, and whether it is new (the
+    caller then does the work and sets it). Called under the lock that guards `under_way`."""
+    if key in under_way:
+        return under_way[key], False
+    under_way[key] = Future()
+    return under_way[key], True
 
 
 class InProcess:
@@ -168,6 +197,11 @@ class EngineCore:
         return f"{self.address} {self.authkey.hex()}"
 
     # --- the process -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the core now, not on first use: its imports and warm-up then run beside
+        whatever else the worker starts."""
+        self._started()
 
     def _started(self) -> Connection:
         with self._lock:
@@ -320,6 +354,9 @@ class EngineCore:
         it answers True the job was cancelled: its input leaves the stream at the batcher's
         next turn (its slots freed for the others) and Cancelled is raised. `wait_s` bounds
         how long a cancelled job keeps its slots, so it is short: the look is one Redis read."""
+        from engine.inputs import read_input
+        from worker.engines import engine_options, transcript
+
         priority = QUEUES[0] if urgent else QUEUES[-1]  # the metrics' label
         asked = engine_options(options, data)
         with metrics.stage("decode", priority):
@@ -399,6 +436,8 @@ class _Core:
     """The core process's state: the models, the inputs in them, and the processes it serves."""
 
     def __init__(self, settings: Settings, slots: int | None):
+        from worker.engines import Engines
+
         self.engines = Engines(settings, on_device_fault=exit_on_device_fault, slots=slots)
         self.preparers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="prepare")
         self._lock = threading.Lock()

@@ -22,6 +22,7 @@ from worker.batching import Batcher, DeviceFaultHandler
 from worker.contract.options import SEED_LIMIT, JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
+from worker.core import single_flight
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +80,6 @@ def transcript(transcription: Transcription, options: JobOptions) -> TranscriptR
             "seed": transcription.options["seed"],
         }
     )
-
-
-def single_flight(under_way: dict[str, Future], key: str) -> tuple[Future, bool]:
-    """The future of the work on `key` under way, or a new one, and whether it is new (the
-    caller then does the work and sets it). Called under the lock that guards `under_way`."""
-    if key in under_way:
-        return under_way[key], False
-    under_way[key] = Future()
-    return under_way[key], True
 
 
 class Engines:

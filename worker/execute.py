@@ -16,11 +16,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from engine import AudioError, InputTooLong, OptionsError, SpectrogramError
 from worker import metrics
-from worker.batching import Cancelled, EngineFailed
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobRecord, JobStatus, JobStore, Progress
 from worker.contract.results import TranscriptResult
-from worker.core import Call, EngineCore
+from worker.core import Call, Cancelled, EngineCore, EngineFailed
 from worker.engines import UnknownModel
 from worker.failpoints import failpoint
 from worker.storage import Storage

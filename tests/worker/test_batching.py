@@ -10,8 +10,8 @@ import torch
 from engine import TranscriptionOptions
 from engine.runner import Runner
 from tests.conftest import open_stream
-from worker.batching import Batcher, EngineFailed
-from worker.core import CUDA_FAULT_EXIT
+from worker.batching import Batcher
+from worker.core import CUDA_FAULT_EXIT, EngineFailed
 
 
 def test_inputs_arriving_together_share_an_encoder_batch(clips, encoded):

@@ -18,10 +18,11 @@ from engine import TranscriptionOptions
 from tests.conftest import open_stream
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
 from worker import execute as execute_module
-from worker.batching import Batcher, Cancelled
+from worker.batching import Batcher
 from worker.contract.jobs import JobInput, JobOptions, JobRecord, JobStatus, JobStore, new_job_id
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
+from worker.core import Cancelled
 from worker.execute import JobCancelled, Stored, execute
 from worker.storage import Storage
 from worker.tasks import transcribe

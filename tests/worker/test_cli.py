@@ -99,7 +99,8 @@ def test_word_cues_in_a_format_without_cues_is_refused_before_any_work(clips):
         ({"WHISPERFLEET_DEVICE": "cuda"}, 64, 1, 8),  # at most 8 a GPU
         ({"WHISPERFLEET_DEVICE": "cuda"}, 16, 2, 4),  # --gpus 0,1: the cores shared
         ({"WHISPERFLEET_DEVICE": "cuda:1"}, 2, 1, 1),
-        ({"WHISPERFLEET_DEVICE": "auto"}, 16, 1, 1),  # no GPU on this machine
+        ({"WHISPERFLEET_DEVICE": "auto", "CUDA_VISIBLE_DEVICES": ""}, 16, 1, 1),  # hidden
+        ({"WHISPERFLEET_DEVICE": "auto"}, 16, 1, 1),  # no NVIDIA driver on this machine
         ({"WHISPERFLEET_DEVICE": "cuda", "WHISPERFLEET_WORKER_PROCESSES": "3"}, 16, 1, 3),
     ],
 )
@@ -128,3 +129,16 @@ def test_processes_out_of_range_is_a_usage_error(value):
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"argument --processes: '{value}': a whole number from 1 to 64" in done.stderr
+
+
+def test_a_worker_with_job_processes_spawns_its_core_before_importing_the_engine():
+    """The core's imports and warm-up are the slowest part of a start: the worker process
+    decides its shape and spawns the core before it imports torch (which it never needs)."""
+    code = (
+        "import sys, os; os.environ['WHISPERFLEET_DEVICE'] = 'auto'\n"
+        "from worker import cli, core\n"
+        "cli._job_processes()\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr

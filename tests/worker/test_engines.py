@@ -89,7 +89,7 @@ def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips,
 def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, monkeypatch, core):
     from engine import Engine
     from engine.runner import Runner
-    from worker.batching import EngineFailed
+    from worker.core import EngineFailed
 
     settings = Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2)
     opened, open_model = [], Engine.open
