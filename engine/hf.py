@@ -8,7 +8,11 @@ results are the same whichever runs a model:
 - a speech sequence-to-sequence model (`AutoModelForSpeechSeq2Seq`: Whisper, Speech2Text,
   Moonshine, ...) decodes greedily with its own `generate`;
 - a CTC model (`AutoModelForCTC`: wav2vec2, HuBERT, WavLM, ...) takes the most likely token
-  of each frame.
+  of each frame;
+- an audio language model whose processor builds a transcription request (transformers'
+  `apply_transcription_request`: Qwen3-ASR, Voxtral, ...) generates greedily after that
+  prompt; a prompt given to the job becomes the request's context, a language its forced
+  language, and Qwen3-ASR's `language X<asr_text>` answer is parsed as its processor does.
 
 Audio is cut into windows of at most 30 s, decoded independently; each `step` runs one batch
 of windows, urgent inputs' first, and hands back the inputs whose last window it decoded.
@@ -20,6 +24,7 @@ language). Options it cannot honour are refused before any work (`check`).
 from __future__ import annotations
 
 import bisect
+import importlib
 import itertools
 import operator
 import time
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
 PREFIX = "hf:"
 WINDOW = 30 * SAMPLE_RATE  # samples a window at most
 BATCH = 16  # windows a step at most (halved after running out of device memory)
+MAX_NEW_TOKENS = 448  # a chat model's answer for one window at most (Whisper's own bound)
 
 
 def is_transformers(model: str) -> bool:
@@ -80,6 +86,10 @@ class TransformersEngine:
         model = auto.from_pretrained(path, dtype=self.dtype)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.processor = AutoProcessor.from_pretrained(path)
+        self.chat = hasattr(self.processor, "apply_transcription_request")
+        # the languages a chat model can be told, by code (its processor's own list)
+        module = importlib.import_module(type(self.processor).__module__)
+        self.chat_languages: dict[str, str] = getattr(module, "LANGUAGE_CODE_TO_NAME", {})
         self.name = config.name or config.model
         self.n_slots = config.slots or BATCH  # windows a step
         self.whisper = self.model.config.model_type == "whisper"
@@ -109,7 +119,7 @@ class TransformersEngine:
         cannot = []
         if options.word_timestamps:
             cannot.append("word timestamps (the native engine's, for Whisper models)")
-        if options.initial_prompt:
+        if options.initial_prompt and not self.chat:
             cannot.append("a prompt")
         if options.temperature[0] > 0:
             cannot.append("sampling (temperature above 0): it decodes greedily")
@@ -118,6 +128,9 @@ class TransformersEngine:
         if options.language is not None:
             if self.english_only and options.language != "en":
                 cannot.append(f"language {options.language!r}: the model is English-only")
+            elif self.chat:
+                if self.chat_languages and options.language not in self.chat_languages:
+                    cannot.append(f"language {options.language!r}: the model does not know it")
             elif not self.whisper:
                 cannot.append("a language: the model takes none (omit it)")
             elif self.languages and f"<|{options.language}|>" not in self.languages:
@@ -133,6 +146,8 @@ class TransformersEngine:
         """Each window's (tokens, text, language): one batch through the model."""
         if self.ctc:
             return self._ctc(windows)
+        if self.chat:
+            return self._chat(windows, options)
         extract = self.processor.feature_extractor
         inputs = extract(windows, sampling_rate=SAMPLE_RATE, return_tensors="pt")
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
@@ -157,6 +172,41 @@ class TransformersEngine:
             text_tokens = [t for t in row if t not in special]
             out.append((text_tokens, tokenizer.decode(text_tokens), language))
         return out
+
+    def _chat(self, windows: list[np.ndarray], options: list[TranscriptionOptions]):
+        """A transcription request per window (its language forced, its prompt as context),
+        greedy generation after it, the answer parsed as the model's processor parses it."""
+        processor, tokenizer = self.processor, self.processor.tokenizer
+        languages = [o.language for o in options]
+        prompts = [o.initial_prompt for o in options]
+        inputs = processor.apply_transcription_request(
+            audio=list(windows),
+            language=languages if any(languages) else None,
+            prompt=prompts if any(prompts) else None,
+        )
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        inputs["input_features"] = inputs["input_features"].to(self.dtype)
+        width = inputs["input_ids"].shape[1]
+        generated = self.model.generate(
+            **inputs, do_sample=False, num_beams=1, max_new_tokens=MAX_NEW_TOKENS
+        )[:, width:]
+        marker = tokenizer.convert_tokens_to_ids("<asr_text>")
+        special = set(tokenizer.all_special_ids)
+        out = []
+        for row, forced in zip(generated.tolist(), languages, strict=True):
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            parsed = processor.parse_output(text) if hasattr(processor, "parse_output") else {}
+            if marker in row:  # the text's tokens: after the model's language answer
+                row = row[row.index(marker) + 1 :]
+            tokens = [t for t in row if t not in special]
+            language = forced or self._language_code(parsed.get("language"))
+            out.append((tokens, parsed.get("transcription", text), language))
+        return out
+
+    def _language_code(self, name: str | None) -> str | None:
+        """A chat model's answered language ("English") as its code ("en"), if it knows it."""
+        codes = {n.lower(): c for c, n in self.chat_languages.items()}
+        return codes.get((name or "").lower())
 
     def _ctc(self, windows: list[np.ndarray]):
         inputs = self.processor(

@@ -1,5 +1,6 @@
 """The transformers backend (engine.hf): tiny.en's real weights give the native engine's tokens
-through it; random-weight CTC models of other architectures serve with the same contract."""
+through it; random-weight CTC models of other architectures and a Qwen3-ASR-shaped audio
+language model serve with the same contract."""
 
 import numpy as np
 import pytest
@@ -88,3 +89,57 @@ def test_the_batch_halves_after_running_out_of_memory(tmp_path, clips):
     assert stream.shrink() and stream.engine.n_slots == 2
     assert stream.shrink() and not stream.shrink() and stream.engine.n_slots == 1
     assert stream.transcribe([clips["en_jfk"].bytes])[0].duration == 11.0
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """A Qwen3-ASR-shaped model (audio encoder, Qwen3 decoder) with random weights."""
+    from engine.tools.qwen3_asr import make
+
+    path = make(tmp_path_factory.mktemp("qwen3") / "qwen3-asr")
+    return Engine.open(EngineConfig(model=f"hf:{path}", name="qwen3-asr", device="cpu", slots=4))
+
+
+def test_an_audio_language_model_serves_with_the_same_contract(qwen3, clips):
+    """Qwen3-ASR through its processor's transcription request: a segment per 30 s window,
+    the tokens its own `generate` gives for that request (the stream adds nothing), and the
+    fields it cannot give null."""
+    import torch
+
+    from engine.audio import decode_audio
+
+    data = [clips["en_jfk"].bytes, long_speech(clips["en_jfk"].bytes, 3)]
+    results = qwen3.transcribe(data)
+    for result, seconds, windows in zip(results, (11.0, 33.0), (1, 2), strict=True):
+        assert result.model == "qwen3-asr" and result.duration == pytest.approx(seconds, abs=0.01)
+        assert [s.start for s in result.segments] == [30.0 * i for i in range(windows)]
+        assert all(s.avg_logprob is None and s.no_speech_prob is None for s in result.segments)
+    engine = qwen3.engine
+    request = engine.processor.apply_transcription_request(audio=[decode_audio(data[0])])
+    with torch.inference_mode():
+        ids = engine.model.generate(**request, do_sample=False, max_new_tokens=448)
+    special = set(engine.processor.tokenizer.all_special_ids)
+    own = [t for t in ids[0, request["input_ids"].shape[1] :].tolist() if t not in special]
+    assert results[0].segments[0].tokens == own
+
+
+def test_an_audio_language_model_takes_a_language_and_a_prompt_and_refuses_the_rest(qwen3, clips):
+    """A language is forced in the request (the answer is the text alone, the language the
+    one asked), a prompt is its context; what it cannot do is refused before any work."""
+    samples = clips["fr_fleurs_000"].bytes
+    forced = qwen3.transcribe([samples], TranscriptionOptions(language="fr"))[0]
+    assert forced.language == "fr"
+    prompted = qwen3.transcribe([samples], TranscriptionOptions(initial_prompt="Paris"))[0]
+    assert prompted.duration == forced.duration
+    request = qwen3.engine.processor.apply_transcription_request(
+        audio=[np.zeros(16000, np.float32)], language=["fr"], prompt=["Paris"], tokenize=False
+    )[0]
+    assert "Paris<|im_end|>" in request and request.endswith("language French<asr_text>")
+    for options, words in [
+        (TranscriptionOptions(task="translate"), "task 'translate'"),
+        (TranscriptionOptions(temperature=(0.4,)), "sampling"),
+        (TranscriptionOptions(word_timestamps=True), "word timestamps"),
+        (TranscriptionOptions(language="tlh"), "language 'tlh'"),
+    ]:
+        with pytest.raises(OptionsError, match=words):
+            qwen3.check(options)

@@ -135,9 +135,11 @@ class Fleet:
         self.app = create_app(self.settings)
         self.workers: list[subprocess.Popen] = []
 
-    def start_worker(self, failpoint: str | None = None, *args: str) -> subprocess.Popen:
-        """`whisperfleet worker` (with `args`, e.g. `--gpus 0`)."""
-        env = {**self.env, "WHISPERFLEET_FAILPOINT": failpoint or ""}
+    def start_worker(
+        self, failpoint: str | None = None, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """`whisperfleet worker` (with `args`, e.g. `--gpus 0`; `env` over the fleet's)."""
+        env = {**self.env, "WHISPERFLEET_FAILPOINT": failpoint or "", **(env or {})}
         return self._start([sys.executable, "-m", "worker.cli", "worker", *args], env)
 
     def start_celery_worker(self) -> subprocess.Popen:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import signal
 import socket
-import sys
 import time
 
 import httpx
@@ -379,8 +378,8 @@ def test_job_processes_share_one_engine_core_and_outlive_each_other(fleet, input
     worker itself then leaves no process behind: the core reads its owner's end and exits,
     and the job processes end with their core."""
     port = free_ports(3)
-    argv = [sys.executable, "-m", "worker.cli", "worker", "--processes", "2"]
-    worker = fleet._start(argv, {**fleet.env, "WHISPERFLEET_METRICS_PORT": str(port)})
+    metrics = {"WHISPERFLEET_METRICS_PORT": str(port)}
+    worker = fleet.start_worker(None, "--processes", "2", env=metrics)
     try:
 
         def children() -> tuple[list[psutil.Process], list[psutil.Process]]:
