@@ -63,10 +63,19 @@ def english_clips(clips) -> list[Clip]:
     return [c for c in clips.values() if c.language == "en"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(run: int = 1) -> int:
+    """A free port, with the `run - 1` after it free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            for p in range(port + 1, port + run):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:

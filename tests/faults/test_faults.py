@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import signal
-import socket
 import time
 
 import httpx
@@ -358,26 +357,13 @@ def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_j
         print(fleet.logs()[-15000:])
 
 
-def free_ports(run: int) -> int:
-    """A free port with the `run - 1` after it free too."""
-    while True:
-        port = free_port()
-        try:
-            for p in range(port + 1, port + run):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-
-
 def test_job_processes_share_one_engine_core_and_outlive_each_other(fleet, inputs):
     """`whisperfleet worker --processes 2`: one engine core, warm before either job process
     starts, fed by both. A job process `kill -9`ed mid-batch is started again and its jobs are
     taken over, each run once, while the core and the other process go on; `kill -9` of the
     worker itself then leaves no process behind: the core reads its owner's end and exits,
     and the job processes end with their core."""
-    port = free_ports(3)
+    port = free_port(3)
     metrics = {"WHISPERFLEET_METRICS_PORT": str(port)}
     worker = fleet.start_worker(None, "--processes", "2", env=metrics)
     try:
