@@ -238,6 +238,7 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
     settings = get_settings()
     logs.configure(settings.log_format)
     core = EngineCore(settings, on_exit=exit_with_core, listen=True)
+    started = time.monotonic()
     core.start()  # first: the slowest part of a start, now beside the rest
     from worker.embedded import ensure_redis, ensure_storage
 
@@ -256,7 +257,6 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
                 if ports:
                     env["WHISPERFLEET_METRICS_PORT"] = str(ports[i])
                 supervised.add(Child(f"job process {i + 1}", cli, env))
-            started = time.monotonic()
             core.load(settings.default_model)
             log.info(
                 "engine core ready in %.1f s (%s warm), fed by %d job processes",
