@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,33 +52,21 @@ import redis
 import torch
 from tqdm import tqdm
 
-from engine import Engine
-from engine.audio import decode_audio
-from engine.mel import N_SAMPLES, log_mel_spectrogram
-from worker.app import create_app
-from worker.contract.dispatch import dispatch
-from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
-from worker.contract.settings import Settings
-from worker.embedded import ensure_redis, ensure_storage
-from worker.engines import Engines
-from worker.storage import Storage
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: the shared helpers
+
+from engine import Engine  # noqa: E402
+from engine.audio import decode_audio  # noqa: E402
+from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from worker.app import create_app  # noqa: E402
+from worker.contract.dispatch import dispatch  # noqa: E402
+from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id  # noqa: E402
+from worker.contract.settings import Settings  # noqa: E402
+from worker.embedded import ensure_redis, ensure_storage  # noqa: E402
+from worker.engines import Engines  # noqa: E402
+from worker.storage import Storage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port(run: int = 1) -> int:
-    """A port with the `run - 1` after it free too."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            for p in range(port + 1, port + run):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
 
 
 @dataclass
