@@ -90,6 +90,7 @@ class TransformersEngine:
         # the languages a chat model can be told, by code (its processor's own list)
         module = importlib.import_module(type(self.processor).__module__)
         self.chat_languages: dict[str, str] = getattr(module, "LANGUAGE_CODE_TO_NAME", {})
+        self._chat_codes = {n.lower(): c for c, n in self.chat_languages.items()}  # its answers
         self.name = config.name or config.model
         self.n_slots = config.slots or BATCH  # windows a step
         self.whisper = self.model.config.model_type == "whisper"
@@ -199,14 +200,10 @@ class TransformersEngine:
             if marker in row:  # the text's tokens: after the model's language answer
                 row = row[row.index(marker) + 1 :]
             tokens = [t for t in row if t not in special]
-            language = forced or self._language_code(parsed.get("language"))
+            answered = (parsed.get("language") or "").lower()  # "English": "en", if known
+            language = forced or self._chat_codes.get(answered)
             out.append((tokens, parsed.get("transcription", text), language))
         return out
-
-    def _language_code(self, name: str | None) -> str | None:
-        """A chat model's answered language ("English") as its code ("en"), if it knows it."""
-        codes = {n.lower(): c for c, n in self.chat_languages.items()}
-        return codes.get((name or "").lower())
 
     def _ctc(self, windows: list[np.ndarray]):
         inputs = self.processor(
