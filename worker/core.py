@@ -405,7 +405,6 @@ class _Client:
     outbox, sent by a thread of its own, so that a slow reader stalls no other."""
 
     conn: Connection
-    owner: bool  # its end closing ends the core; its reports carry the engine's metrics
     warm: bool = False  # it has loaded a model: a job process then takes jobs
     outbox: queue.SimpleQueue[tuple | None] = field(default_factory=queue.SimpleQueue)
 
@@ -435,7 +434,9 @@ Key = tuple[_Client, int]  # a call, by the client that sent it and the client's
 class _Core:
     """The core process's state: the models, the inputs in them, and the processes it serves."""
 
-    def __init__(self, settings: Settings, slots: int | None):
+    def __init__(self, settings: Settings, slots: int | None, conn: Connection):
+        """conn: the owner's end (the process that spawned the core): its end closing ends
+        the core, and its reports carry the engine's metrics."""
         from worker.engines import Engines
 
         self.engines = Engines(settings, on_device_fault=exit_on_device_fault, slots=slots)
@@ -445,9 +446,10 @@ class _Core:
         self._tickets: dict[Key, tuple[Batcher, Ticket]] = {}
         self._preparing: dict[Key, bool] = {}  # not yet at a batcher: whether cancelled
         self.gone = threading.Event()  # the owner's end of the pipe closed
+        self.owner = self.connect(conn)
 
-    def connect(self, conn: Connection, owner: bool) -> _Client:
-        client = _Client(conn, owner)
+    def connect(self, conn: Connection) -> _Client:
+        client = _Client(conn)
         with self._lock:
             self._clients.append(client)
         threading.Thread(target=client.send, name="core-sender", daemon=True).start()
@@ -485,10 +487,8 @@ class _Core:
     def _tell_owner(self) -> None:
         """How many job processes take jobs now: the owner's readiness waits for them."""
         with self._lock:
-            warm = sum(c.warm for c in self._clients if not c.owner)
-            owners = [c for c in self._clients if c.owner]
-        for owner in owners:
-            owner.outbox.put(("job processes", warm))
+            warm = sum(c.warm for c in self._clients if c is not self.owner)
+        self.owner.outbox.put(("job processes", warm))
 
     def _tell(self, key: Key, *message: object) -> None:
         key[0].outbox.put((message[0], key[1], *message[1:]))
@@ -562,7 +562,7 @@ class _Core:
             with self._lock:
                 clients = list(self._clients)
             for client in clients:
-                snapshot = metrics.engine_snapshot() if client.owner else None
+                snapshot = metrics.engine_snapshot() if client is self.owner else None
                 client.outbox.put(("report", healthy, snapshot))
 
     def accept(self, listener: Listener) -> None:
@@ -575,7 +575,7 @@ class _Core:
                 continue
             except OSError:  # closed
                 return
-            client = self.connect(conn, owner=False)
+            client = self.connect(conn)
             threading.Thread(
                 target=self.receive, args=(client,), name="core-receiver", daemon=True
             ).start()
@@ -591,13 +591,12 @@ def serve(
     it stops, and with `listen` (a Unix socket's address, its key) the job processes that
     connect there too."""
     logs.configure(settings.log_format)
-    core = _Core(settings, slots)
-    owner = core.connect(conn, owner=True)
+    core = _Core(settings, slots, conn)
     threading.Thread(target=core.report, name="core-report", daemon=True).start()
     if listen is not None:  # listening before the owner hears of any load: no connect races it
         listener = Listener(listen[0], "AF_UNIX", authkey=listen[1])
         threading.Thread(target=core.accept, args=(listener,), daemon=True).start()
-    core.receive(owner)  # until the owner stops or dies: nothing is left to do
+    core.receive(core.owner)  # until the owner stops or dies: nothing is left to do
     if threading.current_thread() is not threading.main_thread():
         core.gone.set()
         return  # a core in the worker's own process (InProcess)
