@@ -164,3 +164,27 @@ def test_a_model_loads_without_holding_up_the_jobs_of_loaded_ones(monkeypatch):
     assert opened == ["base"]  # one load for both threads
     assert engines.get("base").engine.name == "base"  # the next one loads it again
     assert opened == ["base", "base"] and engines.loaded == ["tiny.en", "base"]
+
+
+def test_a_shared_core_refuses_a_connection_without_its_key_and_serves_the_next(clips, core):
+    """`worker --processes`: the core's socket (in a folder only its user may enter) takes a
+    job process only with the key; a wrong key is refused and the core goes on serving."""
+    import os
+    import stat
+    from multiprocessing.connection import AuthenticationError, Client
+
+    settings = Settings(models="tiny.en", device="cpu")
+    owner = core(settings, listen=True)
+    owner.load("tiny.en")
+    folder = os.path.dirname(owner.address)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    with pytest.raises(AuthenticationError):
+        Client(owner.address, "AF_UNIX", authkey=b"not the key")
+    job = core(settings, connect=(owner.address, owner.authkey))
+    job.load("tiny.en")  # as a job process does before it takes a message: warm already
+    text = job.transcribe("tiny.en", clips["en_jfk"].bytes, JobOptions()).text
+    assert "ask not what your country can do for you" in text
+    deadline = time.monotonic() + 5
+    while owner.job_processes != 1:  # the job process found the core warm
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
