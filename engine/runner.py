@@ -8,8 +8,9 @@ admits new windows while they run; `collect` then reads back the windows that fi
 
 On CUDA the encoder (per batch bucket) and the decode step (per live-count bucket and key
 bucket) are captured as CUDA graphs and replayed; elsewhere the same functions run eagerly. A
-step's choice of tokens is one fused kernel (`engine.kernels.greedy`) unless some row samples;
-a sampling row then draws from noise of its own (`engine.sampling`), whatever else runs.
+step's choice of tokens is one fused kernel (`engine.kernels.greedy`), which also keeps the
+filtered logits of the rows that sample; such a row then draws from noise of its own
+(`engine.sampling`), whatever else runs.
 """
 
 from __future__ import annotations
@@ -179,14 +180,15 @@ class Runner:
             t.copy_(s)
         return graph
 
-    def step_shapes(self) -> list[tuple[int, int, bool, bool]]:
-        """Every decode step shape `launch` can ask for: (rows bucket, keys bucket, timestamps,
-        sampling)."""
+    def step_shapes(self) -> list[tuple[int, int, bool]]:
+        """Every decode step shape `launch` can ask for: (rows bucket, keys bucket,
+        timestamps). Sampling is no key: a graph's step keeps the filtered logits of whichever
+        rows sample."""
         n_slots, text_ctx = self.slots.n_slots, self.slots.text_ctx
         rows = sorted({bucket(n, DECODE_BUCKETS, n_slots) for n in range(1, n_slots + 1)})
         keys = sorted({key_bucket(k, text_ctx) for k in range(1, text_ctx + 1)})
         stamps = (True,) if self.pad_to_buckets else (False, True)  # see `launch`
-        return [(b, k, t, s) for b in rows for k in keys for t in stamps for s in (False, True)]
+        return [(b, k, t) for b in rows for k in keys for t in stamps]
 
     @torch.inference_mode()
     def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
@@ -216,9 +218,9 @@ class Runner:
                 progress(done, total)
         return len(self._encoder_graphs) + len(self._step_graphs) + len(self._commit_graphs)
 
-    def _step_graph(self, key: tuple[int, int, bool, bool]) -> None:
+    def _step_graph(self, key: tuple[int, int, bool]) -> None:
         if key not in self._step_graphs:
-            self._step_graphs[key] = self._graph(lambda: self._forward(*key))
+            self._step_graphs[key] = self._graph(lambda: self._forward(*key, keep=True))
         b = key[0]
         if b not in self._commit_graphs:
             self._commit_graphs[b] = self._graph(lambda: self._commit(b))
@@ -334,9 +336,9 @@ class Runner:
 
     # --- decoding ----------------------------------------------------------------------------
 
-    def _forward(self, b: int, n_keys: int | None, timestamps: bool, sampling: bool) -> None:
+    def _forward(self, b: int, n_keys: int | None, timestamps: bool, keep: bool) -> None:
         """Each of rows [:b]'s greedy next token and its log-probability, under Whisper's rules;
-        when some row samples, also the filtered logits it draws from."""
+        with `keep`, the rows that sample also keep the filtered logits they draw from."""
         state = self.slots.state
         logits = self.m.model.decoder(
             state.token[:b, None],
@@ -346,13 +348,8 @@ class Runner:
             n_keys,
             self.triton,
         )[:, -1]
-        view = state.view(b)
-        if sampling:
-            logits = self.rules.apply(logits, view, timestamps)
-            self.logits[:b] = logits
-            chosen, logprob = self.rules.choose(logits)
-        else:
-            chosen, logprob = self.rules.select(logits, view, timestamps)
+        kept = (self.logits[:b], state.temperature[:b]) if keep else None
+        chosen, logprob = self.rules.select(logits, state.view(b), timestamps, kept)
         self.chosen[:b], self.chosen_logprob[:b] = chosen, logprob
 
     def _draw(self, sampling_rows: list[int]) -> None:
@@ -390,9 +387,9 @@ class Runner:
             return
         self._launched = n
         # On CUDA every step applies the timestamp rules, each row by its own flag (the fused
-        # kernel skips their pass for a row without): one graph serves both kinds of row, half
-        # as many to capture before the worker is ready. The CPU skips the rules when no row
-        # predicts timestamps.
+        # kernel skips their pass for a row without), and keeps the filtered logits of the rows
+        # that sample: one graph serves every kind of row, a quarter as many to capture before
+        # the worker is ready. The CPU skips the rules when no row predicts timestamps.
         timestamps = self.pad_to_buckets or any(s.task.timestamps for s in live)
         sampling_rows = [i for i, s in enumerate(live) if s.task.temperature > 0]
         sampling = bool(sampling_rows)
@@ -402,14 +399,14 @@ class Runner:
             b = bucket(n, DECODE_BUCKETS, self.slots.n_slots)
             furthest = max(self.slots.next_position) + steps  # keys the last step reads
             n_keys = key_bucket(furthest, self.slots.text_ctx)
-        key = (b, n_keys, timestamps, sampling)
+        key = (b, n_keys, timestamps)
         if self.graphs:
             self._step_graph(key)
         for _ in range(steps):
             if self.graphs:
                 self._step_graphs[key].replay()
             else:
-                self._forward(*key)
+                self._forward(*key, keep=sampling)
             if sampling:
                 self._draw(sampling_rows)
             if self.graphs:

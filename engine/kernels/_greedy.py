@@ -60,6 +60,9 @@ def greedy_kernel(
     min_tokens_ptr,
     token_ptr,
     logprob_ptr,
+    filtered_ptr,
+    stride_filtered,
+    sampling_ptr,
     eot,
     no_timestamps,
     begin,
@@ -67,6 +70,7 @@ def greedy_kernel(
     N_VOCAB: tl.constexpr,
     HAS_BLANK: tl.constexpr,
     TIMESTAMPS: tl.constexpr,
+    KEEP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -107,7 +111,10 @@ def greedy_kernel(
                 ts_max = new_max
             force = ts_row & (ts_max + tl.log(ts_sum) > text_max)
 
-    # pass 2: the greedy choice and its log-probability
+    # pass 2: the greedy choice and its log-probability; with KEEP, a row that samples also
+    # keeps its filtered logits to draw from (the others store nothing)
+    if KEEP:  # how far to store: the vocabulary, or nothing
+        kept = tl.where(tl.load(sampling_ptr + row) > 0, N_VOCAB, 0)
     best = -float("inf")
     best_index = 0
     total = 0.0
@@ -118,6 +125,8 @@ def greedy_kernel(
             after_lone, seen, floor, force, eot, no_timestamps, begin, last_initial,
             N_VOCAB, HAS_BLANK, TIMESTAMPS,
         )  # fmt: skip
+        if KEEP:
+            tl.store(filtered_ptr + row * stride_filtered + v, x, mask=v < kept)
         block_max, block_index = tl.max(x, 0, return_indices=True)  # first of equals
         new_max = tl.maximum(best, block_max)
         shift = tl.where(new_max == -float("inf"), 0.0, new_max)

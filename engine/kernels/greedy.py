@@ -5,7 +5,8 @@ passes over the step's logits: at batch 512 that is 512 x 51865 floats each time
 than the decoder's matrix work for the small models. The Triton kernel reads each row's
 logits once (twice when the row predicts timestamps: the timestamp rule weighs the others'
 result first), applies the same rules in registers, and writes only the chosen token and its
-log-probability. Sampling rows need the whole filtered distribution and take the torch path.
+log-probability; given a buffer, it also writes the filtered logits of the rows that sample
+(they draw from them), so one kernel, and one CUDA graph, serves steps with and without them.
 """
 
 from __future__ import annotations
@@ -50,15 +51,23 @@ class GreedyRules:
             else:
                 raise TypeError(f"the fused kernel does not know {f!r} at position {i}")
 
-    def select(self, logits: Tensor, state: DecodeState, timestamps: bool) -> tuple[Tensor, Tensor]:
+    def select(
+        self,
+        logits: Tensor,
+        state: DecodeState,
+        timestamps: bool,
+        keep: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Greedy token and its log-probability for each row.
 
         logits: shape = (batch, n_vocab), any float dtype, rows may be strided
         timestamps: whether any row predicts timestamps (else the timestamp rules are skipped)
+        keep: (filtered, temperature): each row whose temperature is above 0 gets its filtered
+            float32 logits in `filtered` (batch, n_vocab), to sample from
         """
         if self.triton and logits.is_cuda:
-            return self.triton_select(logits, state, timestamps)
-        return self.torch_select(logits, state, timestamps)
+            return self.triton_select(logits, state, timestamps, keep)
+        return self.torch_select(logits, state, timestamps, keep)
 
     def apply(self, logits: Tensor, state: DecodeState, timestamps: bool) -> Tensor:
         """The rules applied one by one: a new float32 tensor of filtered logits."""
@@ -74,17 +83,29 @@ class GreedyRules:
         return token, filtered.log_softmax(dim=-1).gather(1, token[:, None])[:, 0]
 
     def torch_select(
-        self, logits: Tensor, state: DecodeState, timestamps: bool
+        self,
+        logits: Tensor,
+        state: DecodeState,
+        timestamps: bool,
+        keep: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        return self.choose(self.apply(logits, state, timestamps))
+        filtered = self.apply(logits, state, timestamps)
+        if keep is not None:
+            keep[0].copy_(filtered)  # every row: the greedy ones ignore theirs
+        return self.choose(filtered)
 
     def triton_select(
-        self, logits: Tensor, state: DecodeState, timestamps: bool
+        self,
+        logits: Tensor,
+        state: DecodeState,
+        timestamps: bool,
+        keep: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         from engine.kernels._greedy import greedy_kernel
 
-        if logits.stride(-1) != 1:
+        if logits.stride(-1) != 1 or (keep is not None and keep[0].stride(-1) != 1):
             raise ValueError("each row of logits must be contiguous")
+        filtered, sampling = keep if keep is not None else (logits, logits)
         b = logits.shape[0]
         token = torch.empty(b, dtype=torch.long, device=logits.device)
         logprob = torch.empty(b, dtype=torch.float32, device=logits.device)
@@ -106,6 +127,9 @@ class GreedyRules:
             state.min_tokens,
             token,
             logprob,
+            filtered,
+            filtered.stride(0),
+            sampling,
             self.eot,
             ts.no_timestamps if ts else -1,
             ts.begin if ts else self.n_vocab,
@@ -113,6 +137,7 @@ class GreedyRules:
             N_VOCAB=self.n_vocab,
             HAS_BLANK=self.blank is not None,
             TIMESTAMPS=timestamps,
+            KEEP=keep is not None,
             BLOCK=BLOCK,
             num_warps=8,
         )

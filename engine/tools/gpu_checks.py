@@ -9,7 +9,8 @@ rule:
 - fp32 on the GPU (TF32 off; full-width keys, Triton kernels, CUDA graphs) must give the CPU's
   greedy tokens on every clip: a change of fp16 tokens between commits is then rounding, not a
   bug;
-- the CUDA graphs must change no token: the same steps run eagerly give the same tokens;
+- the CUDA graphs must change no token: the same steps run eagerly give the same tokens, greedy
+  and sampled (each window draws from noise of its own, so sampling repeats);
 - the Triton kernels must change no token against the torch code they replace
   (`kernels="torch"`), both eager;
 - fp8 cross-attention K/V must stay within 0.3 of fp16's WER to be worth offering, and bf16
@@ -34,19 +35,22 @@ from engine.audio import Audio
 from engine.engine import Engine, EngineConfig
 from engine.inputs import audio_sources
 from engine.mel import N_SAMPLES
+from engine.options import TranscriptionOptions
 from engine.stream import Stream
 from engine.tools.evaluate import GREEDY, Clip, read_manifest
 from engine.tools.wer import word_error_rate
 
+SAMPLED = TranscriptionOptions(timestamps=True, temperature=(0.6,))
 WER_TOLERANCE = 0.3  # percentage points
 MEL_TOLERANCE = 1e-3
 FP32_TOKENS = "greedy tokens, fp32 GPU == fp32 CPU"
 FP16_WER = "WER fp16 GPU, graphs + Triton"
 GRAPH_TOKENS = "greedy tokens, graphs == eager"
+SAMPLED_TOKENS = "sampled tokens (T=0.6, timestamps), graphs == eager"
 TRITON_TOKENS = "greedy tokens, Triton == torch"
 FP8_WER = "WER fp16 GPU, fp8 cross K/V"
 BF16_WER = "WER bf16 GPU"
-GPU_CHECKS = (FP32_TOKENS, FP16_WER, GRAPH_TOKENS, TRITON_TOKENS, FP8_WER, BF16_WER)
+GPU_CHECKS = (FP32_TOKENS, FP16_WER, GRAPH_TOKENS, SAMPLED_TOKENS, TRITON_TOKENS, FP8_WER, BF16_WER)
 
 
 @dataclass
@@ -80,8 +84,10 @@ def _texts(stream: Stream, clips: list[Clip]) -> list[str]:
     return [r.text for r in stream.transcribe([c.path.read_bytes() for c in clips])]
 
 
-def _greedy_tokens(stream: Stream, clips: list[Clip]) -> list[list[int]]:
-    results = stream.transcribe([c.path.read_bytes() for c in clips], GREEDY)
+def _greedy_tokens(
+    stream: Stream, clips: list[Clip], options: TranscriptionOptions = GREEDY
+) -> list[list[int]]:
+    results = stream.transcribe([c.path.read_bytes() for c in clips], options)
     return [[tok for s in r.segments for tok in s.tokens] for r in results]
 
 
@@ -119,9 +125,13 @@ def check_model(model: str, clips: list[Clip], device: torch.device) -> Report:
     fp16_wer = wer(stream)
     report.within(FP16_WER, fp16_wer, reference_wer)
     graphed = _greedy_tokens(stream, short)
+    graphed_sampled = _greedy_tokens(stream, short, SAMPLED)
     del stream
-    eager = _greedy_tokens(Engine.open(dataclasses.replace(served, graphs=False)), short)
+    eager_stream = Engine.open(dataclasses.replace(served, graphs=False))
+    eager = _greedy_tokens(eager_stream, short)
     report.same(GRAPH_TOKENS, graphed, eager)
+    report.same(SAMPLED_TOKENS, graphed_sampled, _greedy_tokens(eager_stream, short, SAMPLED))
+    del eager_stream
     plain = Engine.open(dataclasses.replace(served, graphs=False, kernels="torch"))
     report.same(TRITON_TOKENS, _greedy_tokens(plain, short), eager)
     del plain

@@ -135,3 +135,27 @@ def test_a_row_without_timestamps_chooses_alike_in_a_step_that_applies_them(rule
     assert torch.equal(token[plain], ref_token[plain])
     torch.testing.assert_close(logprob[plain], ref_logprob[plain], rtol=1e-5, atol=1e-4)
     assert (token[state.timestamps] >= tok.timestamp_begin).any()  # the others did apply them
+
+
+def test_the_rows_that_sample_keep_their_filtered_logits_and_the_others_write_none(rules):
+    """One graph serves steps with and without sampling rows: the fused kernel writes the
+    filtered logits of the rows whose temperature is above 0 (they draw from them), exactly as
+    the filters in torch make them, and leaves the other rows' buffer alone."""
+    rules, tok = rules
+    g = torch.Generator().manual_seed(13)
+    rows = 24
+    logits = torch.randn(rows, rules.n_vocab, generator=g) * 3
+    logits[: rows // 2, tok.timestamp_begin :] += 4.0
+    logits = logits.to(torch.float16).to(DEVICE)
+    state = random_state(tok, rows, g)
+    temperature = torch.where(torch.rand(rows, generator=g) < 0.5, 0.6, 0.0).to(DEVICE)
+    sampling = temperature > 0
+    assert sampling.any() and (~sampling).any()
+    filtered = torch.full((rows, rules.n_vocab), float("nan"), device=DEVICE)
+
+    token, logprob = rules.triton_select(logits, state, True, (filtered, temperature))
+    ref_token, ref_logprob = rules.torch_select(logits, state, True)
+    assert torch.equal(token, ref_token)  # keeping changes no choice
+    torch.testing.assert_close(logprob, ref_logprob, rtol=1e-5, atol=1e-4)
+    assert torch.equal(filtered[sampling], rules.apply(logits, state, True)[sampling])
+    assert filtered[~sampling].isnan().all()
