@@ -7,6 +7,7 @@ through Redis, a real `whisperfleet worker` and S3 storage (moto's server), on o
         [--json out.json]
     python scripts/fleet_bench.py --replot out.json --plot fleet.png
     python scripts/fleet_bench.py --restarts 3 --processes 1,4   # only the time to /ready
+    python scripts/fleet_bench.py --restarts 2 --profile prof/   # and where a start goes
 
 For each model, input kind (audio files, or the same clips as .npy log-mel spectrograms) and
 number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
@@ -253,11 +254,15 @@ class Fleet:
         log = open(self.log_dir / f"worker-{self.model}-{self.starts}.log", "w")  # noqa: SIM115
         started = time.time()
         each = -(-self.args.concurrency // self.processes)  # the jobs in flight, split
+        cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", str(self.processes),
+               "--concurrency", str(each)]  # fmt: skip
+        if self.args.profile:  # py-spy samples the worker and every process it starts
+            out = Path(self.args.profile) / f"start-{self.model}-{self.starts}.txt"
+            spy = "record --subprocesses --threads --idle --nonblocking --rate 100 --format raw"
+            cli = ["py-spy", *spy.split(), "--output", str(out), "--", *cli]
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--processes", str(self.processes),
-             "--concurrency", str(each)],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            cli, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         url = f"http://127.0.0.1:{self.metrics_port}/ready"
         while True:
             if self.worker.poll() is not None:
@@ -272,6 +277,12 @@ class Fleet:
     def kill_worker(self) -> bool:
         """kill -9 the worker; whether its engine core and job processes exited by themselves
         within 10 s."""
+        if self.args.profile:  # py-spy writes its samples, then the worker goes, whole
+            os.kill(self.worker.pid, signal.SIGINT)
+            self.worker.wait()
+            os.killpg(self.worker.pid, signal.SIGKILL)
+            self.worker = None
+            return True
         cores = psutil.Process(self.worker.pid).children(recursive=True)
         os.kill(self.worker.pid, signal.SIGKILL)
         self.worker.wait()
@@ -439,6 +450,11 @@ def main() -> None:
         metavar="N",
         help="only start the worker N times (each after a kill -9 of the last) and time /ready",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="with --restarts: record each start with py-spy (collapsed stacks, every process)",
+    )
     args = parser.parse_args()
     if args.replot:
         rows = [Row(**r) for r in json.loads(Path(args.replot).read_text())]
@@ -504,6 +520,8 @@ def restarts(args: argparse.Namespace) -> None:
     """Start each model's worker `--restarts` times, every shape of `--processes`, and print
     how long each took to `/ready` (the first with an empty compile cache)."""
     log_dir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     print("| model | job processes | start | ready s | core and job processes gone |")
     print("|---|---|---|---|---|")
     for spec in args.models.split(","):
