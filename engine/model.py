@@ -291,7 +291,10 @@ class TextDecoder(nn.Module):
         super().__init__()
         d = dims.n_text_state
         self.n_vocab = dims.n_vocab
-        self.token_embedding = nn.Embedding(padded_vocab(dims.n_vocab), d)
+        # no initial values: weights are loaded or drawn by the caller, and drawing normal ones
+        # on the meta device would import torch._dynamo (seconds at every worker start)
+        vocab = padded_vocab(dims.n_vocab)
+        self.token_embedding = nn.Embedding(vocab, d, _weight=torch.empty(vocab, d))
         self.positional_embedding = nn.Parameter(torch.empty(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(
             DecoderBlock(d, dims.n_text_head, dims.n_text_ff) for _ in range(dims.n_text_layer)
