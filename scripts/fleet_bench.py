@@ -27,11 +27,15 @@ number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
 Random-weight models (`random:*`) get 30 s spectrogram windows only, with their own mel bins.
 While the warm jobs run, the worker's metrics are scraped every half second: audio seconds per
 second, the engine's busy fraction, queue wait and decode time per input; --plot draws them.
+And the CPU time each part spends (worker process, engine core, job processes, Redis, the S3
+server, this script) is divided by the warm seconds: a part near 1.0 that is one process (the
+S3 server, Redis) is what bounds the row.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -93,6 +97,7 @@ class Row:
     succeeded: int = 0
     core_exited: bool | None = None
     transformers_rtfx: float | None = None
+    cores: dict[str, float] = field(default_factory=dict)  # CPU seconds per warm second
     timeline: list[dict] = field(default_factory=list)
 
     @property
@@ -245,7 +250,7 @@ class Fleet:
                         bar.update()
                         succeeded += record.status is JobStatus.succeeded
                         last = max(last, record.finished_at.timestamp())
-                time.sleep(0.05)
+                time.sleep(0.25)  # each job's end is its record's: polling adds no time
         return last, succeeded
 
     def start_worker(self) -> tuple[float, float]:
@@ -273,6 +278,31 @@ class Fleet:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds spent so far by each part of the fleet on this machine: the worker
+        process, its engine core, its job processes, Redis, the S3 server, and this script
+        (which dispatches and polls)."""
+        parts = {"worker": [], "core": [], "job processes": [], "redis": [], "storage": []}
+        worker = psutil.Process(self.worker.pid)
+        parts["worker"].append(worker)
+        for child in worker.children():
+            cmdline = " ".join(child.cmdline())
+            kind = "core" if "multiprocessing" in cmdline else "job processes"
+            parts[kind].append(child)
+        for name, proc in zip(("redis", "storage"), self.services, strict=True):
+            if proc is not None:
+                parts[name].append(psutil.Process(proc.pid))
+        parts["bench"] = [psutil.Process()]
+        seconds = {}
+        for name, procs in parts.items():
+            total = 0.0
+            for proc in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    t = proc.cpu_times()
+                    total += t.user + t.system
+            seconds[name] = total
+        return seconds
 
     def kill_worker(self) -> bool:
         """kill -9 the worker; whether its engine core and job processes exited by themselves
@@ -361,10 +391,12 @@ def run_row(fleet: Fleet, row: Row, inputs: Inputs) -> None:
     stop, samples = threading.Event(), []
     scraper = threading.Thread(target=lambda: samples.extend(sampled(fleet, stop)))
     scraper.start()
+    cpu = fleet.cpu_seconds()
     start = time.time()
     fleet.dispatch(records)
     last, row.succeeded = fleet.wait(records, f"{row.model} {row.kind} x{row.copies} warm")
     row.warm_s = last - start
+    row.cores = {k: (v - cpu[k]) / row.warm_s for k, v in fleet.cpu_seconds().items()}
     stop.set()
     scraper.join()
     row.timeline = timeline(samples, start)
@@ -548,18 +580,19 @@ def table(rows: list[Row], header: bool = True) -> str:
         lines += [
             "| model | input | processes | jobs | audio s | engine s | warm s | warm ratio "
             "| cold s | cold ratio | ready s | engine RTFx | transformers RTFx | ok "
-            "| core exited |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| core exited | CPU cores busy while warm |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for r in rows:
         ready = f"{r.ready_s:.1f}" + (" (empty cache)" if r.first_start else "")
         hf = f"{r.transformers_rtfx:.0f}" if r.transformers_rtfx else "—"
+        cores = ", ".join(f"{k} {v:.2f}" for k, v in r.cores.items())
         lines.append(
             f"| {r.model} | {r.kind} | {r.processes} | {r.jobs} | {r.audio_s:.0f} "
             f"| {r.engine_s:.2f} "
             f"| {r.warm_s:.2f} | {r.warm_ratio:.2f} | {r.cold_s:.2f} | {r.cold_ratio:.2f} "
             f"| {ready} | {r.audio_s / r.engine_s:.0f} | {hf} | {r.succeeded}/{r.jobs} "
-            f"| {r.core_exited} |"
+            f"| {r.core_exited} | {cores} |"
         )
     return "\n".join(lines)
 
