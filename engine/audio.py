@@ -9,6 +9,9 @@ must not pass for the transcript of the file.
 
 Other rates are resampled by FFmpeg's libswresample (through PyAV), as openai-whisper
 (`ffmpeg -ar 16000`) and faster-whisper (PyAV) resample: the model hears what it hears there.
+
+PyAV is imported only where it is needed (those containers, those rates): without it, WAV,
+FLAC, OGG and MP3 at 16 kHz still decode, and the others are refused saying what is missing.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import av
 import numpy as np
 import soundfile as sf
 
@@ -37,6 +39,15 @@ _AV_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2": "MP4", "matroska,webm": "WebM", "aac":
 
 class AudioError(ValueError):
     """The bytes are not audio the engine can decode; the message says why."""
+
+
+def _pyav(needed_for: str):
+    """The `av` module, or an AudioError saying what needed it."""
+    try:
+        import av
+    except ImportError:
+        raise AudioError(f"{needed_for} needs PyAV (pip install av), not installed here") from None
+    return av
 
 
 class InputTooLong(ValueError):
@@ -118,6 +129,7 @@ class Audio:
         return backend, info
 
     def _probe_av(self) -> AudioInfo:
+        av = _pyav("audio that is not WAV, FLAC, OGG or MP3 (M4A/AAC, MP4, WebM)")
         with av.open(io.BytesIO(self.data)) as container:
             if not container.streams.audio:
                 raise AudioError(
@@ -155,6 +167,7 @@ class Audio:
                 )
             return
         read = 0
+        av = _pyav(f"{self.format} audio")
         try:
             with av.open(io.BytesIO(self.data)) as container:
                 stream = container.streams.audio[0]
@@ -216,18 +229,15 @@ class Resampler:
 
     def __init__(self, orig_rate: int, new_rate: int = SAMPLE_RATE):
         self.orig_rate = orig_rate
-        self._swr = (
-            None
-            if orig_rate == new_rate
-            else av.AudioResampler(format="flt", layout="mono", rate=new_rate)
-        )
+        self._av = None if orig_rate == new_rate else _pyav(f"resampling {orig_rate} Hz audio")
+        self._swr = self._av and self._av.AudioResampler(format="flt", layout="mono", rate=new_rate)
 
     def push(self, x: np.ndarray) -> np.ndarray:
         """Samples of shape (n,) in; the resampled samples ready so far out."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self._swr is None or not len(x):
             return x
-        frame = av.AudioFrame.from_ndarray(x[None], format="flt", layout="mono")
+        frame = self._av.AudioFrame.from_ndarray(x[None], format="flt", layout="mono")
         frame.sample_rate = self.orig_rate
         return self._convert(frame)
 
@@ -235,7 +245,7 @@ class Resampler:
         """The samples still held (the filter's delay) at the end of the stream."""
         return np.zeros(0, np.float32) if self._swr is None else self._convert(None)
 
-    def _convert(self, frame: av.AudioFrame | None) -> np.ndarray:
+    def _convert(self, frame) -> np.ndarray:  # an av.AudioFrame, or None to flush
         out = [converted.to_ndarray()[0] for converted in self._swr.resample(frame)]
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 

@@ -21,8 +21,9 @@ from worker.contract.options import JobCreate, Mode, OptionError, Task, values
 from worker.contract.settings import get_settings
 from worker.supervisor import Child, Supervisor
 
-# What the `engine` extra installs; only `api` runs without it.
-ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "av", "tqdm", "jiwer", "moto")
+# What the `engine` extra installs; only `api` runs without it. PyAV (`av`) is not among them:
+# it decodes only the containers libsndfile cannot, and says so when one comes (engine.audio).
+ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "tqdm", "jiwer", "moto")
 log = logging.getLogger("whisperfleet")
 LIGHT_COMMANDS = ("api", "keys", "tenants", "webhooks", "scanner", "beat", "backfill")  # no engine
 

@@ -258,3 +258,38 @@ def test_two_hours_are_decoded_within_a_bounded_window_of_memory():
     n_frames, windows_frames, grown_mb = map(int, out)
     assert n_frames == 2 * 3600 * 100 and windows_frames == 240 * 3000
     assert grown_mb < 150, f"decoding 2 h grew the process by {grown_mb} MB"
+
+
+WITHOUT_PYAV = """
+import sys
+sys.modules["av"] = None  # as if PyAV were not installed
+from engine.audio import Audio, AudioError
+import worker.cli, worker.engines, worker.lifecycle  # what a worker imports starts without it
+
+for path in sys.argv[1:]:
+    try:
+        print(len(Audio(open(path, "rb").read()).decode()))
+    except AudioError as e:
+        print(e)
+"""
+
+
+def test_without_pyav_libsndfile_containers_at_16k_decode_and_the_rest_say_what_is_missing(
+    jfk, clips, tmp_path
+):
+    """PyAV is needed only for the containers libsndfile cannot read and for other rates."""
+    m4a, wav = tmp_path / "a.m4a", tmp_path / "b.wav"
+    m4a.write_bytes(encode_av(jfk, "m4a"))
+    wav.write_bytes(encode(resample(jfk, SAMPLE_RATE, 44100), 44100, "WAV"))
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PYAV, str(clips["en_jfk"].path), str(m4a), str(wav)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.splitlines() == [
+        str(len(jfk)),
+        "audio that is not WAV, FLAC, OGG or MP3 (M4A/AAC, MP4, WebM) needs PyAV "
+        "(pip install av), not installed here",
+        "resampling 44100 Hz audio needs PyAV (pip install av), not installed here",
+    ], done.stderr
