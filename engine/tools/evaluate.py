@@ -42,12 +42,35 @@ class Clip:
     seconds: float
 
 
+class ManifestError(ValueError):
+    """A manifest that cannot be read, or names a clip that is not there; the message says
+    which line."""
+
+
 def read_manifest(path: Path) -> list[Clip]:
-    entries = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [
-        Clip(e["file"], path.parent / e["file"], e["reference"], e["language"], e["duration_s"])
-        for e in entries
-    ]
+    """The manifest's clips, each checked to be there, before any is transcribed."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ManifestError(f"{path}: {e.strerror}") from None
+    clips = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+            clip = Clip(
+                e["file"], path.parent / e["file"], e["reference"], e["language"], e["duration_s"]
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise ManifestError(
+                f"{path}, line {n}: expected JSON with file, reference, language and "
+                f"duration_s ({error!r})"
+            ) from None
+        if not clip.path.is_file():
+            raise ManifestError(f"{path}, line {n}: no such file {clip.path}")
+        clips.append(clip)
+    return clips
 
 
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -76,10 +99,15 @@ class Report:
     model: str
     device: str
     clips: list[ClipResult] = field(default_factory=list)
+    reference: bool = True  # transformers ran; else its column stays empty
+    left_out: int = 0  # the manifest's non-English clips, which an English-only model skips
 
     def wer(self, clips: list[ClipResult], attr: str) -> float:
         refs = [c.reference for c in clips]
         return 100 * word_error_rate(refs, [getattr(c, attr) for c in clips])
+
+    def reference_wer(self, clips: list[ClipResult]) -> str:
+        return f"{self.wer(clips, 'reference_text'):.2f}" if self.reference else ""
 
     def seed_wers(self, clips: list[ClipResult]) -> list[float]:
         """The WER % of these clips at each seed."""
@@ -104,13 +132,7 @@ class Report:
         rows = []
         for label, group in groups:
             n = f"WER %, {label} ({len(group)})"
-            rows.append(
-                (
-                    n,
-                    f"{self.wer(group, 'engine_text'):.2f}",
-                    f"{self.wer(group, 'reference_text'):.2f}",
-                )
-            )
+            rows.append((n, f"{self.wer(group, 'engine_text'):.2f}", self.reference_wer(group)))
         seeds = len(english[0].seed_texts) if english else 0
         if seeds > 1:
             for label, group in groups:
@@ -132,7 +154,7 @@ class Report:
                 (
                     f"WER %, {c.file}, sequential",
                     f"{self.wer([c], 'engine_text'):.2f}",
-                    f"{self.wer([c], 'reference_text'):.2f}",
+                    self.reference_wer([c]),
                 )
             )
             rows.append((f"WER %, {c.file}, chunked", f"{self.wer([c], 'chunked_text'):.2f}", ""))
@@ -155,11 +177,12 @@ class Report:
             )
         other = [c for c in self.clips if c.language != "en" and c.engine_language]
         if other:
+            right = sum(c.reference_language == c.language for c in other)
             rows.append(
                 (
                     f"language detected correctly ({len(other)} non-English)",
                     f"{sum(c.engine_language == c.language for c in other)}/{len(other)}",
-                    f"{sum(c.reference_language == c.language for c in other)}/{len(other)}",
+                    f"{right}/{len(other)}" if self.reference else "",
                 )
             )
         audio = sum(c.duration for c in self.clips)
@@ -175,8 +198,19 @@ class Report:
         return rows
 
     def table(self) -> str:
+        n, english = len(self.clips), sum(c.language == "en" for c in self.clips)
+        clips = f"{n} clips"
+        if self.left_out:  # said, not silent: the WER's clips are not the manifest's
+            clips = (
+                f"{n} of the manifest's {n + self.left_out} clips: {self.left_out} not English "
+                "left out (an English-only model can neither transcribe nor identify them)"
+            )
+        elif english < n:
+            clips += (
+                f": WER on {english} English, language identification on {n - english} not English"
+            )
         lines = [
-            f"model {self.model}, {self.device}, {len(self.clips)} clips",
+            f"model {self.model}, {self.device}, {clips}",
             "",
             "| metric | engine | transformers |",
             "|---|---|---|",
@@ -253,11 +287,11 @@ def evaluate(
     entries = read_manifest(manifest)
     loaded = stream.engine.loaded
     multilingual = loaded.tokenizer.is_multilingual
-    if not multilingual:
-        entries = [e for e in entries if e.language == "en"]
+    kept = entries if multilingual else [e for e in entries if e.language == "en"]
     ref = TransformersReference(stream) if reference else None
-    report = Report(loaded.name, f"{loaded.device} {str(loaded.dtype).removeprefix('torch.')}")
-    for entry in progress(entries) if progress else entries:
+    device = f"{loaded.device} {str(loaded.dtype).removeprefix('torch.')}"
+    report = Report(loaded.name, device, reference=reference, left_out=len(entries) - len(kept))
+    for entry in progress(kept) if progress else kept:
         data = entry.path.read_bytes()
         audio = Audio(data).decode()
         clip = ClipResult(entry.file, len(audio) / 16000, entry.language, entry.reference)
