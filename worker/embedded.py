@@ -62,6 +62,7 @@ def ensure_redis(settings: Settings, start: bool) -> subprocess.Popen | None:
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
+        process_group=0,  # stopped by the stack after its workers, not by Ctrl-C before them
     )
     _wait(lambda: redis_answers(url), f"redis-server on port {port}")
     return proc
@@ -87,6 +88,7 @@ def ensure_storage(settings: Settings, start: bool) -> subprocess.Popen | None:
         [sys.executable, "-m", "moto.server", "-H", endpoint.hostname, "-p", str(endpoint.port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        process_group=0,  # as Redis's
     )
     _wait(lambda: storage_answers(settings), f"moto's S3 server at {url}")
     return proc

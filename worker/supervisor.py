@@ -3,6 +3,11 @@
 per GPU) run. A worker that dies (a GPU fault ends one on purpose) is started again and its
 jobs are taken over by lease; a service that dies stops everything.
 
+Each child runs in a process group of its own, so that Ctrl-C in a terminal reaches the
+supervisor alone, which stops each child once: a child in the terminal's group got SIGINT from
+it and then SIGTERM from here (Celery said "Warm shutdown" twice), and Redis or storage stopped
+before the workers that drain into them.
+
     with Supervisor(stop_timeout=15) as processes:
         processes.add(Child("worker", [...]))
         return processes.watch()
@@ -27,7 +32,7 @@ class Child:
     proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env)
+        self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)
 
 
 def _interrupt(*_: object) -> None:
