@@ -560,7 +560,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     s.add_argument("--model", help="a model the server serves (default: its default)")
     s.add_argument("--language", help="ISO 639-1 code; omitted: detected")
-    s.add_argument("--task", choices=values(Task))
+    s.add_argument(
+        "--task", choices=values(Task), help="translate: into English (default: transcribe)"
+    )
     s.add_argument("--mode", choices=values(Mode), help="for long audio")
     s.add_argument("--prompt", help="text as if it came before the audio (names, spellings)")
     s.add_argument("--temperature", type=float, help="first temperature of the fallback, 0-1")

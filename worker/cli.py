@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from worker import backfill_cli
+from worker.backfill_cli import CliError
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import QUEUES
 from worker.contract.options import JobCreate, Mode, OptionError, Task, values
@@ -122,6 +124,40 @@ def _queues(text: str) -> str:
             f"{', '.join(unknown) or 'nothing'}: not a queue; choose from {', '.join(QUEUES)}"
         )
     return ",".join(q for q in QUEUES if q in named)  # interactive first, whatever was typed
+
+
+def _port(text: str) -> int:
+    """`--port`: 1 to 65535."""
+    if not (text.isdigit() and 1 <= int(text) <= 65535):
+        raise argparse.ArgumentTypeError(f"{text!r}: a port from 1 to 65535")
+    return int(text)
+
+
+def _device(text: str) -> str:
+    """`--device`: auto, cpu, cuda or cuda:N, told here rather than by torch's traceback."""
+    kind, colon, index = text.partition(":")
+    if not (text in ("auto", "cpu", "cuda") or (kind == "cuda" and colon and index.isdigit())):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, cuda or cuda:N")
+    return text
+
+
+def _at_least_one(text: str) -> int:
+    if not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, 1 or more")
+    return int(text)
+
+
+def _counts(text: str) -> list[int]:
+    """Comma-separated whole numbers, each 1 or more (`--batches`)."""
+    return [_at_least_one(n.strip()) for n in text.split(",")]
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line and exit status 2 (argparse's usage block before it hid the
+    line that says what is wrong); --help shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
 
 
 def _webhooks(args: argparse.Namespace) -> int:
@@ -359,24 +395,63 @@ def _tenant_settings(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace, **config: object):
-    """The stream for `--model` (a served name, or a directory) on `--device`."""
+    """The stream for `--model` (a served name, or a directory) on `--device`; a model or a
+    device that is not here is the user's to fix, told in one line."""
+    import torch
+
     from engine import Engine, EngineConfig
 
+    device = args.device or "auto"
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise CliError(f"--device {device}: no such CUDA GPU is visible; try --device cpu", 2)
     settings = get_settings()
-    return Engine.open(
-        EngineConfig(
-            model=settings.models.get(args.model, args.model),
-            name=args.model,
-            device=args.device or "auto",
-            cache_dir=settings.cache_dir,
-            **config,
+    try:
+        return Engine.open(
+            EngineConfig(
+                model=settings.models.get(args.model, args.model),
+                name=args.model,
+                device=device,
+                cache_dir=settings.cache_dir,
+                **config,
+            )
         )
-    )
+    except FileNotFoundError as e:  # the loader names the models it knows; the hub, its failure
+        message = " ".join(str(e).split())
+        if repr(args.model) not in message:
+            message = f"--model {args.model}: {message}"
+        raise CliError(message, 2) from None
+
+
+def _output_dir(folder: str, option: str = "--output-dir") -> None:
+    """Make an output folder now if missing: one that cannot be made fails before the work,
+    not after it."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"{option} {folder}: {e.strerror}", 2) from None
+
+
+def _output_file(option: str, name: str) -> Path:
+    """A file option's path (`--json`), its folder made now for the same reason."""
+    path = Path(name)
+    if path.is_dir():
+        raise CliError(f"{option} {name}: a folder; expected a file name", 2)
+    _output_dir(str(path.parent), option)
+    return path
+
+
+def _inputs(names: list[str]) -> list[Path]:
+    """Input files, each checked before any model is loaded."""
+    for name in names:
+        if not (path := Path(name)).is_file():
+            what = "a folder; expected audio files" if path.is_dir() else "no such file"
+            raise CliError(f"{name}: {what}", 2)
+    return [Path(n) for n in names]
 
 
 def _transcribe(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from engine import AudioError, OptionsError, SpectrogramError
     from worker.engines import engine_options, transcript
 
@@ -391,40 +466,78 @@ def _transcribe(args: argparse.Namespace) -> int:
     }
     writer = WRITERS[args.format]
     if args.granularity not in writer.granularities:  # before any work, not after it
-        print(
-            f"whisperfleet transcribe: --granularity {args.granularity} applies to "
+        raise CliError(
+            f"--granularity {args.granularity} applies to "
             f"{', '.join(f for f, w in WRITERS.items() if args.granularity in w.granularities)}",
-            file=sys.stderr,
+            2,
         )
-        return 2
     try:  # the values a job may take, checked as the API checks them
         options = JobCreate.parse({k: v for k, v in fields.items() if v is not None}).options
     except OptionError as e:
-        print(f"whisperfleet transcribe: {e}", file=sys.stderr)
-        return 2
+        raise CliError(str(e), 2) from None
+    paths = _inputs(args.files)
+    several = len(paths) > 1
+    if several and not args.output_dir and args.format != "text":
+        raise CliError(
+            f"{len(paths)} files' {args.format} would run together on standard output: "
+            "--output-dir DIR writes each to a file of its own",
+            2,
+        )
+    outputs = [None] * len(paths)
+    if args.output_dir:
+        outputs = [Path(args.output_dir) / f"{p.stem}.{writer.extension}" for p in paths]
+        if twice := [str(o) for i, o in enumerate(outputs) if o in outputs[:i]]:
+            raise CliError(f"two files would both write {twice[0]}: use two --output-dir", 2)
+        _output_dir(args.output_dir)
     stream = _engine(args)
     failed = 0
-    for path in args.files:
-        with tqdm(total=0, unit="s", desc=Path(path).name, file=sys.stderr, leave=False) as bar:
-
-            def progress(_: int, done: float, total: float, bar=bar) -> None:
-                bar.total = round(total, 1)
-                bar.update(round(done - bar.n, 1))
-
-            try:
-                data = Path(path).read_bytes()
+    for i, (path, out) in enumerate(zip(paths, outputs, strict=True)):
+        try:
+            with _progress(path.name) as progress:
+                data = path.read_bytes()
                 [result] = stream.transcribe([data], engine_options(options, data), progress)
-            except (OSError, AudioError, SpectrogramError, OptionsError) as e:
-                print(f"{path}: {e}", file=sys.stderr)
-                failed += 1
-                continue
+        except (OSError, AudioError, SpectrogramError, OptionsError) as e:
+            print(f"whisperfleet transcribe: {path}: {e}", file=sys.stderr)  # the bar is gone
+            failed += 1
+            continue
         text = writer.render(transcript(result, options), args.granularity)
-        if args.output_dir:
-            out = Path(args.output_dir) / f"{Path(path).stem}.{writer.extension}"
+        if out is not None:
             out.write_text(text, encoding="utf-8")
+        elif several:  # each named, as `head` names the files it prints
+            print(f"\n==> {path} <==" if i else f"==> {path} <==")
+            print(text, end="")
         else:
             print(text, end="")
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _progress(name: str):
+    """A file's progress bar on a terminal (none in a pipe or a log), given as the stream's
+    progress callback: seconds rounded to a tenth, never past the end, and full once the file
+    is done; cleared before anything else is written."""
+    from tqdm import tqdm
+
+    with tqdm(total=0, unit="s", desc=name, file=sys.stderr, leave=False, disable=None) as bar:
+
+        def update(_: int, done: float, total: float) -> None:
+            bar.total = round(total, 1)
+            bar.n = min(round(done, 1), bar.total)
+            bar.refresh()
+
+        yield update
+        bar.n = bar.total
+        bar.refresh()
+
+
+def _manifest(name: str) -> None:
+    """A manifest and the clips it names, checked before the model loads."""
+    from engine.tools.evaluate import ManifestError, read_manifest
+
+    try:
+        read_manifest(Path(name))
+    except ManifestError as e:
+        raise CliError(str(e), 2) from None
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -432,67 +545,95 @@ def _eval(args: argparse.Namespace) -> int:
 
     from engine.tools.evaluate import evaluate
 
+    _manifest(args.manifest)
+    json_path = _output_file("--json", args.json) if args.json else None
     report = evaluate(
         Path(args.manifest),
         _engine(args, dtype=args.dtype),
         reference=not args.no_reference,
-        progress=lambda items: tqdm(items, unit="clip", file=sys.stderr),
+        progress=lambda items: tqdm(items, unit="clip", file=sys.stderr, disable=None),
         seeds=args.seeds,
     )
     print(report.table())
-    if args.json:
-        Path(args.json).write_text(json.dumps([c.__dict__ for c in report.clips], indent=1))
+    if json_path:
+        json_path.write_text(json.dumps([c.__dict__ for c in report.clips], indent=1))
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        print("whisperfleet bench needs a CUDA GPU", file=sys.stderr)
-        return 2
-    if args.real:
-        from engine.tools import gpu_checks
+    from engine.loader import RANDOM_CONFIGS
+    from engine.tools import bench, gpu_checks
 
+    if args.real:
+        _manifest(args.manifest)
+    sizes = _names("--model", args.model, RANDOM_CONFIGS)
+    systems = _names("--systems", args.systems, bench.SYSTEMS)
+    json_path = _output_file("--json", args.json) if args.json else None
+    if not torch.cuda.is_available():
+        raise CliError("needs a CUDA GPU, and none is visible", 2)
+    if args.real:
         reports = gpu_checks.run(args.real.split(","), Path(args.manifest))
         for r in reports:
             for what, value, ok in r.lines:
                 mark = "" if ok is None else ("ok" if ok else "FAILED")
                 print(f"| {r.model} | {what} | {value} | {mark} |")
-        if args.json:
-            Path(args.json).write_text(json.dumps([r.__dict__ for r in reports], indent=1))
+        if json_path:
+            json_path.write_text(json.dumps([r.__dict__ for r in reports], indent=1))
         return 0 if all(r.passed for r in reports) else 1
-    from engine.tools import bench
-
-    rows = bench.run(
-        args.model.split(","),
-        [int(b) for b in args.batches.split(",")],
-        args.systems.split(","),
-        args.tokens,
-        args.mixed,
-    )
+    rows = bench.run(sizes, args.batches, systems, args.tokens, args.mixed)
     print(bench.table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    if json_path:
+        json_path.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="whisperfleet", description=__doc__)
+def _names(option: str, text: str, known) -> list[str]:
+    """A comma-separated option's names, each one of `known`."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise CliError(f"{option} {text}: expected some of {', '.join(known)}", 2)
+    return names
+
+
+def _listen(p: argparse.ArgumentParser) -> None:
+    """`--host` and `--port` of a command that serves the API."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="(default 8000)")
+
+
+def _model(p: argparse.ArgumentParser) -> None:
+    """`--model` of a command that loads one here."""
+    settings = get_settings()
+    p.add_argument(
+        "--model",
+        default=settings.default_model,
+        help=f"{', '.join(settings.models)}, a model directory or a hub id (default "
+        f"{settings.default_model})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`whisperfleet` and its commands."""
+    parser = _Parser(prog="whisperfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("stack", help="API + worker (+ embedded Redis and storage) for local use")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    _listen(p)
     p.set_defaults(func=_stack)
 
     p = sub.add_parser("api", help="the REST API alone")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    _listen(p)
     p.set_defaults(func=_api)
 
     p = sub.add_parser("worker", help="one worker process (one per GPU)")
-    p.add_argument("--concurrency", type=int, help="jobs in flight (default from settings)")
+    p.add_argument(
+        "--concurrency",
+        type=_at_least_one,
+        help="jobs in flight (default: WHISPERFLEET_WORKER_CONCURRENCY)",
+    )
     p.add_argument(
         "--queues",
         type=_queues,
@@ -515,7 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("webhooks", help="post webhooks of finished jobs (no GPU, no torch)")
-    p.add_argument("--concurrency", type=int, default=16, help="posts in flight (default 16)")
+    p.add_argument(
+        "--concurrency", type=_at_least_one, default=16, help="posts in flight (default 16)"
+    )
     p.add_argument(
         "--backoff",
         type=float,
@@ -539,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--tenant", required=True, help="a-z, 0-9, - and _ (created if new)")
     k.add_argument("--name", help="what the key is for (shown by `keys list`)")
     k = keys.add_parser("list", help="keys (never the keys themselves: their ids)")
-    k.add_argument("--tenant")
+    k.add_argument("--tenant", help="this tenant's alone (default: every tenant's)")
     k = keys.add_parser("revoke", help="a key stops working at once")
     k.add_argument("id", help="the key's id, from `keys list`")
     p.set_defaults(func=_keys)
@@ -563,20 +706,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="back to WHISPERFLEET_TENANT_SOURCES",
     )
-    t.add_argument("--jobs-per-minute", type=int)
-    t.add_argument("--jobs-in-flight", type=int)
+    t.add_argument("--jobs-per-minute", type=int, help="jobs the tenant may submit a minute")
+    t.add_argument("--jobs-in-flight", type=int, help="its jobs queued or running at once")
     p.set_defaults(func=_tenant_settings)
 
     p = sub.add_parser("transcribe", help="transcribe files here, without the queue")
-    p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--model", default=get_settings().default_model)
+    p.add_argument("files", nargs="+", metavar="FILE", help="audio, or a log-mel .npy")
+    _model(p)
     p.add_argument("--language", help="ISO 639-1 code; omit to detect (multilingual models)")
-    p.add_argument("--task", choices=values(Task), default=values(Task)[0])
+    p.add_argument(
+        "--task",
+        choices=values(Task),
+        default=values(Task)[0],
+        help=f"translate: into English, multilingual models only (default {values(Task)[0]})",
+    )
     p.add_argument(
         "--mode",
         choices=values(Mode),
         default=values(Mode)[0],
-        help="long audio: sequential seek (reference) or independent chunks (faster)",
+        help="long audio: sequential seek (reference) or independent chunks (faster) "
+        f"(default {values(Mode)[0]})",
     )
     p.add_argument(
         "--no-timestamps",
@@ -589,57 +738,94 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time each word (`words` in json and verbose_json)",
     )
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA if present)")
-    p.add_argument("--format", choices=list(WRITERS), default="text")
+    p.add_argument(
+        "--device", type=_device, help="cpu, cuda, cuda:1 ... (default: CUDA if present)"
+    )
+    p.add_argument(
+        "--format",
+        choices=list(WRITERS),
+        default="text",
+        help="what is written (default text); several files: text names each on standard "
+        "output, the others need --output-dir",
+    )
     p.add_argument(
         "--granularity",
         choices=("segment", "word"),
         default="segment",
-        help="srt and vtt: a cue per segment, or per word (implies --word-timestamps)",
+        help="srt and vtt: a cue per segment (default), or per word (implies --word-timestamps)",
     )
     p.add_argument("--prompt", help="text as if it came before the audio (names, spellings)")
     p.add_argument(
         "--seed", help="for sampling (temperature fallback); default: derived from the file"
     )
-    p.add_argument("--output-dir", help="write FILE's result to DIR/<stem>.<format> instead")
+    p.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write each FILE's result to DIR/<stem>.<format> instead (DIR made if missing)",
+    )
     p.set_defaults(func=_transcribe)
 
     p = sub.add_parser("eval", help="WER, language ID and speed on a manifest, vs transformers")
     p.add_argument("manifest", metavar="MANIFEST", help="JSON lines: file, reference, language")
-    p.add_argument("--model", default=get_settings().default_model)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
+    _model(p)
+    p.add_argument(
+        "--device", type=_device, default="cpu", help="auto, cpu, cuda ... (default cpu)"
+    )
+    p.add_argument(
+        "--dtype", choices=("fp32", "fp16", "bf16"), default="fp32", help="(default fp32)"
+    )
     p.add_argument("--no-reference", action="store_true", help="skip transformers")
     p.add_argument(
         "--seeds",
-        type=int,
+        type=_at_least_one,
         default=1,
-        help="run the default pipeline at seeds 0..N-1: WER mean and spread (sampled fallback)",
+        metavar="N",
+        help="run the default pipeline at seeds 0..N-1: WER mean and spread (sampled fallback; "
+        "default 1)",
     )
     p.add_argument("--json", metavar="PATH", help="also write every clip's texts here")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("bench", help="engine vs transformers on the GPU (random weights)")
-    p.add_argument("--model", default="tiny,base,small,large-v3", help="sizes, comma-separated")
-    p.add_argument("--batches", default="1,128", help="batch sizes, comma-separated")
+    p.add_argument(
+        "--model",
+        default="tiny,base,small,large-v3",
+        help="Whisper sizes with random weights, comma-separated: tiny, base, small, medium, "
+        "large-v3 (default tiny,base,small,large-v3)",
+    )
+    p.add_argument(
+        "--batches",
+        type=_counts,
+        default="1,128",
+        help="batch sizes, comma-separated (default 1,128)",
+    )
     p.add_argument(
         "--systems",
         default="dynamic,static,engine",
         help="transformers caches (dynamic, static), engine, fp8 (engine, fp8 cross K/V), "
-        "bf16 (engine in bf16)",
+        "bf16 (engine in bf16) (default dynamic,static,engine)",
     )
-    p.add_argument("--tokens", type=int, default=100, help="new tokens per window")
+    p.add_argument(
+        "--tokens", type=_at_least_one, default=100, help="new tokens per window (default 100)"
+    )
     p.add_argument("--mixed", action="store_true", help="also 10-200 tokens, uniformly")
     p.add_argument(
         "--real",
         metavar="MODELS",
         help="instead: check real weights (e.g. tiny.en,base) over --manifest on the GPU",
     )
-    p.add_argument("--manifest", default="../shared/audio/dev/manifest.jsonl")
+    p.add_argument(
+        "--manifest",
+        default="../shared/audio/dev/manifest.jsonl",
+        help="clips for --real (default ../shared/audio/dev/manifest.jsonl; tests/data has four)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
     p.set_defaults(func=_bench)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -649,7 +835,11 @@ def main(argv: list[str] | None = None) -> int:
             f"whisperfleet {args.command} runs the engine, which needs {', '.join(missing)}: "
             "pip install 'whisperfleet[engine]' (torch first: see the README)"
         )
-    return args.func(args)
+    try:
+        return args.func(args)
+    except CliError as e:  # the user's to fix: one line, no traceback
+        print(f"whisperfleet {args.command}: {e}", file=sys.stderr)
+        return e.status
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from engine.options import TranscriptionOptions
 
 WINDOW_SECONDS = 30.0
 LATENCY_RUNS = 7  # batch 1: the median of this many runs, and their range
+ENGINE_SYSTEMS = ("engine", "fp8", "bf16")
+SYSTEMS = ("dynamic", "static", *ENGINE_SYSTEMS)  # transformers' two caches, then the engine's
 
 
 @dataclass
@@ -204,7 +206,7 @@ def run(
     for size in sizes:
         for system in systems:
             for b in batches:
-                if system in ("engine", "fp8", "bf16"):
+                if system in ENGINE_SYSTEMS:
                     rows.append(bench_engine(size, b, tokens, system))
                     if mixed and b > 1:
                         rows.append(bench_engine(size, b, (10, 200), system))
