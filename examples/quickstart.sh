@@ -12,7 +12,9 @@ json() { python3 -c "import json, sys; print(json.load(sys.stdin)$1)"; }
 
 whisperfleet stack --port "$PORT" >"$LOG" 2>&1 &
 STACK=$!
-trap 'kill -TERM $STACK 2>/dev/null; wait $STACK 2>/dev/null || true' EXIT
+# the stack's log goes once it has served; kept, and named, when something failed
+trap 'status=$?; kill -TERM $STACK 2>/dev/null; wait $STACK 2>/dev/null || true
+      if [ $status -eq 0 ]; then rm -f "$LOG"; else echo "stack log kept: $LOG" >&2; fi' EXIT
 
 printf 'starting the stack (log: %s) ' "$LOG"
 for _ in $(seq 180); do
