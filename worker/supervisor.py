@@ -1,4 +1,4 @@
-"""Run processes, start again the ones that die, stop them all on Ctrl-C or SIGTERM: what
+"""Run processes, start again the ones that die, stop them all on Ctrl-C, SIGTERM or SIGHUP: what
 `whisperfleet stack` (Redis, storage, API, worker) and `whisperfleet worker --gpus` (a worker
 per GPU) run. A worker that dies (a GPU fault ends one on purpose) is started again and its
 jobs are taken over by lease; a service that dies stops everything.
@@ -35,6 +35,9 @@ class Child:
         self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, a stop, a closed terminal
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -47,9 +50,10 @@ class Supervisor:
         self.children: list[Child] = []
 
     def __enter__(self) -> Supervisor:
-        # Both stop it, also when started in the background (where SIGINT is inherited ignored).
-        signal.signal(signal.SIGTERM, _interrupt)
-        signal.signal(signal.SIGINT, _interrupt)
+        # Each stops it, also when started in the background (where SIGINT is inherited
+        # ignored); SIGHUP too, a closed terminal, which no longer reaches the children.
+        for sig in STOPS:
+            signal.signal(sig, _interrupt)
         return self
 
     def add(self, child: Child) -> None:
@@ -73,8 +77,8 @@ class Supervisor:
 
     def __exit__(self, kind, error, traceback) -> bool:
         """Stop every child, once, in reverse order, even if Ctrl-C is pressed again."""
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in STOPS:
+            signal.signal(sig, signal.SIG_IGN)
         running = [c.proc for c in reversed(self.children) if c.proc.poll() is None]
         for proc in running:
             proc.terminate()

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 CHILD = """
 import signal, sys, time
 log = open(sys.argv[1], "a", buffering=1)
@@ -26,9 +28,10 @@ with Supervisor(stop_timeout=10) as processes:
 """
 
 
-def test_ctrl_c_in_a_terminal_stops_each_child_once(tmp_path):
-    """The terminal sends SIGINT to its whole foreground group; the child hears only the
-    supervisor's SIGTERM (a Celery worker printed "Warm shutdown" for each)."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])  # Ctrl-C, a closed terminal
+def test_ctrl_c_in_a_terminal_stops_each_child_once(tmp_path, sig):
+    """The terminal signals its whole foreground group; the child hears only the supervisor's
+    SIGTERM (a Celery worker printed "Warm shutdown" for each of SIGINT and SIGTERM)."""
     log = tmp_path / "child.log"
     supervisor = subprocess.Popen(
         [sys.executable, "-c", SUPERVISOR, CHILD, str(log)],
@@ -38,6 +41,6 @@ def test_ctrl_c_in_a_terminal_stops_each_child_once(tmp_path):
     while not (log.exists() and "ready" in log.read_text()):
         assert time.monotonic() < deadline and supervisor.poll() is None
         time.sleep(0.05)
-    os.killpg(supervisor.pid, signal.SIGINT)  # Ctrl-C
+    os.killpg(supervisor.pid, sig)
     assert supervisor.wait(timeout=30) == 0
     assert log.read_text().splitlines() == ["ready", "SIGTERM"]
