@@ -1,0 +1,104 @@
+"""One model through both backends: the native engine and the transformers one (`hf:`), and
+Qwen3-ASR-shaped random weights through the transformers one, on the same clips.
+
+    python scripts/backend_bench.py [--device cuda] [--copies 4] [--qwen 0.6B] [--runs 3]
+
+Each stream is opened as a worker opens it (`Engine.open`, warmed) and given every clip at
+once (`transcribe`, as the worker's batcher feeds it); the time is the median of --runs, with
+their spread. Rows: windows (one per clip: the manifest's clips of up to 30 s, --copies times
+each), windows/s, audio seconds per second, and how many texts equal the native engine's
+(greedy, no timestamps: the same weights must write the same words). Qwen3-ASR's weights are
+random (its real ones cannot be fetched here): its speed is that of its shapes, its text
+meaningless, and each window generates up to the backend's 448 tokens unless it ends sooner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
+from engine.loader import model_dir  # noqa: E402
+from engine.tools import qwen3_asr  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
+
+
+def clips(audio_dir: Path) -> list[tuple[bytes, float]]:
+    out = []
+    for line in (audio_dir / "manifest.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["duration_s"] <= 30:
+            out.append(((audio_dir / entry["file"]).read_bytes(), entry["duration_s"]))
+    return out
+
+
+def timed(source: str, device: str, items: list[bytes], runs: int, options):
+    """The texts of one run, and every run's seconds."""
+    stream = Engine.open(EngineConfig(model=source, device=device))
+    stream.warm()
+    seconds, texts = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        results = stream.transcribe(items, options)
+        seconds.append(time.perf_counter() - start)
+        texts = [r.text for r in results]
+    del stream
+    return texts, seconds
+
+
+def row(name: str, backend: str, n: int, audio_s: float, seconds: list[float], same: str) -> str:
+    median = statistics.median(seconds)
+    spread = f"{min(seconds):.2f}–{max(seconds):.2f}"
+    return (
+        f"| {name} | {backend} | {n} | {median:.2f} ({spread}) | {n / median:.1f} "
+        f"| {audio_s / median:.0f} | {same} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--audio-dir", default=str(ROOT.parent / "shared" / "audio" / "dev"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="tiny.en", help="a packaged Whisper model")
+    parser.add_argument("--copies", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--qwen", choices=qwen3_asr.SIZES, help="also Qwen3-ASR of this size")
+    args = parser.parse_args()
+
+    data = clips(Path(args.audio_dir)) * args.copies
+    items, audio_s = [d for d, _ in data], sum(s for _, s in data)
+    print(
+        f"{len(items)} windows ({audio_s:.0f} s of speech), {args.device}, median of "
+        f"{args.runs} runs (their spread)\n"
+    )
+    print("| model | backend | windows | seconds | windows/s | audio s/s | texts as native |")
+    print("|---|---|---|---|---|---|---|")
+    native, seconds = timed(args.model, args.device, items, args.runs, GREEDY)
+    print(row(args.model, "native", len(items), audio_s, seconds, "—"), flush=True)
+    hf = f"hf:{model_dir(args.model)}"  # the packaged weights, as transformers loads them
+    texts, seconds = timed(hf, args.device, items, args.runs, GREEDY)
+    same = sum(a.strip() == b.strip() for a, b in zip(native, texts, strict=True))
+    print(
+        row(args.model, "transformers", len(items), audio_s, seconds, f"{same}/{len(items)}"),
+        flush=True,
+    )
+    if args.qwen:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = qwen3_asr.make(Path(tmp) / "qwen3-asr", args.qwen)
+            options = TranscriptionOptions(language="en")
+            _, seconds = timed(f"hf:{path}", args.device, items, args.runs, options)
+        name = f"Qwen3-ASR {args.qwen} (random)"
+        print(row(name, "transformers", len(items), audio_s, seconds, "—"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
