@@ -220,7 +220,7 @@ class Stack:
         self.env["WHISPERFLEET_REDIS_URL"] = self.redis_url
         self.start(
             "moto",
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.s3_port)],
+            [sys.executable, "-m", "worker.s3_server", "-H", "127.0.0.1", "-p", str(self.s3_port)],
             grace=5,
         )
         _until(lambda: _answers(self.s3_port), "moto's S3 server", 30, self.check)

@@ -85,7 +85,15 @@ def ensure_storage(settings: Settings, start: bool) -> subprocess.Popen | None:
         )
     endpoint = urlparse(url)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", endpoint.hostname, "-p", str(endpoint.port)],
+        [
+            sys.executable,
+            "-m",
+            "worker.s3_server",
+            "-H",
+            endpoint.hostname,
+            "-p",
+            str(endpoint.port),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         process_group=0,  # as Redis's

@@ -71,7 +71,7 @@ class StorageServer:
     def __init__(self):
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "worker.s3_server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
