@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 from worker import backfill_cli
@@ -343,8 +344,9 @@ def _keys(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     elif args.action == "list":
+        keys = tenants.keys(args.tenant)  # read before the header: Redis away prints neither
         print(f"{'id':<14}{'tenant':<24}{'created':<27}name")
-        for k in tenants.keys(args.tenant):
+        for k in keys:
             created = k.created_at.isoformat(timespec="seconds")
             print(f"{k.id:<14}{k.tenant:<24}{created:<27}{k.name or ''}")
     elif not tenants.revoke(args.id):
@@ -835,11 +837,22 @@ def main(argv: list[str] | None = None) -> int:
             f"whisperfleet {args.command} runs the engine, which needs {', '.join(missing)}: "
             "pip install 'whisperfleet[engine]' (torch first: see the README)"
         )
+    import redis
+
     try:
         return args.func(args)
     except CliError as e:  # the user's to fix: one line, no traceback
         print(f"whisperfleet {args.command}: {e}", file=sys.stderr)
         return e.status
+    except (redis.ConnectionError, redis.TimeoutError) as e:  # keys, tenants: Redis is away
+        url = urllib.parse.urlsplit(get_settings().redis_url)
+        where = url._replace(netloc=url.hostname + (f":{url.port}" if url.port else "")).geturl()
+        print(
+            f"whisperfleet {args.command}: Redis at {where} did not answer ({e}); is it "
+            "running? (WHISPERFLEET_REDIS_URL names it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -125,3 +125,17 @@ def test_every_option_says_what_it_does_and_its_default():
         assert option.help, f"{name}: no help"
         if option.nargs != 0 and option.default not in (None, argparse.SUPPRESS):
             assert "default" in option.help, f"{name}: default {option.default!r} unsaid"
+
+
+@pytest.mark.parametrize("command", [["keys", "list"], ["tenants", "list"]])
+def test_redis_away_is_one_line_naming_it_without_its_password(command):
+    """The commands that read Redis directly say it did not answer, and where, without the
+    credentials the URL may hold, instead of a redis-py traceback."""
+    env = {**os.environ, "WHISPERFLEET_REDIS_URL": "redis://:hunter2@127.0.0.1:1/0"}
+    done = subprocess.run(
+        [WHISPERFLEET, *command], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    [said] = done.stderr.splitlines()
+    assert said.startswith(f"whisperfleet {command[0]}: Redis at redis://127.0.0.1:1/0 did not")
+    assert "hunter2" not in said
