@@ -15,7 +15,6 @@ meaningless, and each window generates up to the backend's 448 tokens unless it 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -27,18 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.loader import model_dir  # noqa: E402
 from engine.tools import qwen3_asr  # noqa: E402
+from engine.tools.evaluate import read_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
 
 
 def clips(audio_dir: Path) -> list[tuple[bytes, float]]:
-    out = []
-    for line in (audio_dir / "manifest.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if entry["duration_s"] <= 30:
-            out.append(((audio_dir / entry["file"]).read_bytes(), entry["duration_s"]))
-    return out
+    """The manifest's clips of up to 30 s: (bytes, seconds)."""
+    found = read_manifest(audio_dir / "manifest.jsonl")
+    return [(c.path.read_bytes(), c.seconds) for c in found if c.seconds <= 30]
 
 
 def timed(source: str, device: str, items: list[bytes], runs: int, options):

@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: the share
 from engine import Engine  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
+from engine.tools.evaluate import read_manifest  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from worker.app import create_app  # noqa: E402
 from worker.contract.dispatch import dispatch  # noqa: E402
@@ -111,12 +112,8 @@ class Row:
 
 def read_clips(audio_dir: Path) -> list[tuple[bytes, float]]:
     """The manifest's clips of up to 30 s: (bytes, seconds)."""
-    clips = []
-    for line in (audio_dir / "manifest.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if entry["duration_s"] <= 30:
-            clips.append(((audio_dir / entry["file"]).read_bytes(), entry["duration_s"]))
-    return clips
+    found = read_manifest(audio_dir / "manifest.jsonl")
+    return [(c.path.read_bytes(), c.seconds) for c in found if c.seconds <= 30]
 
 
 def spectrogram(data: bytes, n_mels: int) -> bytes:
