@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.status
     except (redis.ConnectionError, redis.TimeoutError) as e:  # keys, tenants: Redis is away
         url = urllib.parse.urlsplit(get_settings().redis_url)
-        where = url._replace(netloc=url.hostname + (f":{url.port}" if url.port else "")).geturl()
+        where = url._replace(netloc=url.netloc.rpartition("@")[2]).geturl()  # no credentials
         print(
             f"whisperfleet {args.command}: Redis at {where} did not answer ({e}); is it "
             "running? (WHISPERFLEET_REDIS_URL names it)",
