@@ -92,6 +92,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from worker import s3_server  # noqa: E402
 from worker.contract.jobs import QUEUES  # noqa: E402
 
 BULK = QUEUES[-1]
@@ -220,7 +221,7 @@ class Stack:
         self.env["WHISPERFLEET_REDIS_URL"] = self.redis_url
         self.start(
             "moto",
-            [sys.executable, "-m", "worker.s3_server", "-H", "127.0.0.1", "-p", str(self.s3_port)],
+            s3_server.command("127.0.0.1", self.s3_port),
             grace=5,
         )
         _until(lambda: _answers(self.s3_port), "moto's S3 server", 30, self.check)

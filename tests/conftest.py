@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from worker import s3_server
 from worker.contract.settings import Settings
 
 DATA = Path(__file__).parent / "data"
@@ -110,7 +110,7 @@ def s3_endpoint():
         return
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker.s3_server", "-H", "127.0.0.1", "-p", str(port)],
+        s3_server.command("127.0.0.1", port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -8,12 +8,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from urllib.parse import urlparse
 
 import redis
 
+from worker import s3_server
 from worker.contract.settings import Settings
 
 
@@ -85,15 +85,7 @@ def ensure_storage(settings: Settings, start: bool) -> subprocess.Popen | None:
         )
     endpoint = urlparse(url)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "worker.s3_server",
-            "-H",
-            endpoint.hostname,
-            "-p",
-            str(endpoint.port),
-        ],
+        s3_server.command(endpoint.hostname, endpoint.port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         process_group=0,  # as Redis's

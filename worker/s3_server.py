@@ -19,6 +19,11 @@ import signal
 import sys
 
 
+def command(host: str, port: int) -> list[str]:
+    """The command line that serves it at host:port (the stack's, the tests', the scripts')."""
+    return [sys.executable, "-m", "worker.s3_server", "-H", host, "-p", str(port)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-H", "--host", default="127.0.0.1")

@@ -21,6 +21,7 @@ import redis
 import soundfile as sf
 
 from tests.conftest import free_port, stop, wait_for_port
+from worker import s3_server
 from worker.app import create_app
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
@@ -71,7 +72,7 @@ class StorageServer:
     def __init__(self):
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.s3_server", "-H", "127.0.0.1", "-p", str(self.port)],
+            s3_server.command("127.0.0.1", self.port),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
