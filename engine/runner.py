@@ -6,8 +6,9 @@ steps as everyone else, and leave as soon as they finish. A batch of mixed lengt
 for its longest member. `launch` queues decode steps without waiting for the GPU, so the caller
 admits new windows while they run; `collect` then reads back the windows that finished.
 
-On CUDA the encoder (per batch bucket) and the decode step (per live-count bucket and key
-bucket) are captured as CUDA graphs and replayed; elsewhere the same functions run eagerly. A
+On CUDA the encoder (per batch bucket) and the decode step (per live-count bucket; per key
+bucket too without the Triton kernels, whose self-attention reads each row's own length) are
+captured as CUDA graphs and replayed; elsewhere the same functions run eagerly. A
 step's choice of tokens is one fused kernel (`engine.kernels.greedy`), which also keeps the
 filtered logits of the rows that sample; such a row then draws from noise of its own
 (`engine.sampling`), whatever else runs.
@@ -183,12 +184,19 @@ class Runner:
     def step_shapes(self) -> list[tuple[int, int, bool]]:
         """Every decode step shape `launch` can ask for: (rows bucket, keys bucket,
         timestamps). Sampling is no key: a graph's step keeps the filtered logits of whichever
-        rows sample."""
+        rows sample. Nor, with the Triton kernels, are the keys: their self-attention stops at
+        each row's length, so every step reads up to `text_ctx` (tiny.en's pool of 512 slots
+        then captures 41 graphs rather than 149, and loads fewer Triton specialisations)."""
         n_slots, text_ctx = self.slots.n_slots, self.slots.text_ctx
         rows = sorted({bucket(n, DECODE_BUCKETS, n_slots) for n in range(1, n_slots + 1)})
-        keys = sorted({key_bucket(k, text_ctx) for k in range(1, text_ctx + 1)})
+        keys = sorted({self._keys(k) for k in range(1, text_ctx + 1)})
         stamps = (True,) if self.pad_to_buckets else (False, True)  # see `launch`
         return [(b, k, t) for b in rows for k in keys for t in stamps]
+
+    def _keys(self, furthest: int) -> int:
+        """Self-attention positions a step reads to reach position `furthest - 1`."""
+        text_ctx = self.slots.text_ctx
+        return text_ctx if self.triton else key_bucket(furthest, text_ctx)
 
     @torch.inference_mode()
     def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
@@ -397,8 +405,7 @@ class Runner:
         b, n_keys = n, None
         if self.pad_to_buckets:
             b = bucket(n, DECODE_BUCKETS, self.slots.n_slots)
-            furthest = max(self.slots.next_position) + steps  # keys the last step reads
-            n_keys = key_bucket(furthest, self.slots.text_ctx)
+            n_keys = self._keys(max(self.slots.next_position) + steps)  # the last step's
         key = (b, n_keys, timestamps)
         if self.graphs:
             self._step_graph(key)

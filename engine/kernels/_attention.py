@@ -46,7 +46,9 @@ def split_kernel(
     m = -float("inf")
     s = 0.0
     acc = tl.zeros([D], dtype=tl.float32)
-    for i in range(0, CHUNK // BLOCK_N):  # a split may be partly or wholly past `stop`
+    # only the blocks before `stop` (none when the split lies wholly past it): a row's
+    # length, not the positions the caller allows for, sets what it reads
+    for i in range(0, tl.cdiv(tl.maximum(stop - start, 0), BLOCK_N)):
         pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
         valid = pos < stop
         k = tl.load(k_row + pos[:, None] * stride_kn + dims[None, :], valid[:, None], other=0.0)

@@ -57,6 +57,25 @@ def test_decode_attention_matches_float64_reference(batch, heads, keys, dtype, l
     assert relative_error(out, ref) < (2e-3 if q_dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("lengths", [[1, 5], [1, 448], [129, 300]])
+def test_self_attention_reads_each_rows_length_whatever_the_positions_allowed(lengths):
+    """A decode step's graph allows every position of the context (448); rows read only their
+    own: splits wholly past a row's length read nothing and weigh nothing in the merge, and
+    positions past it may hold anything (here NaN)."""
+    g = torch.Generator().manual_seed(sum(lengths))
+    batch, heads, keys = len(lengths), 2, 448
+    q = torch.randn(batch, heads, 64, generator=g).to(DEVICE, torch.float16)
+    k = torch.randn(batch, heads, keys, 64, generator=g).to(DEVICE, torch.float16)
+    v = torch.randn(batch, heads, keys, 64, generator=g).to(DEVICE, torch.float16)
+    n = torch.tensor(lengths, device=DEVICE)
+    ref = torch_decode_attention(q.double(), k.double(), v.double(), n)
+    past = torch.arange(keys, device=DEVICE)[None, None, :, None] >= n[:, None, None, None]
+    nan = torch.tensor(float("nan"), device=DEVICE, dtype=torch.float16)
+    out = triton_decode_attention(q, k.where(~past, nan), v.where(~past, nan), n)
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref) < 1e-2
+
+
 @pytest.fixture(scope="module")
 def rules():
     tok, n_vocab = random_tokenizer("tiny"), 51865  # Whisper's multilingual vocabulary
