@@ -255,9 +255,10 @@ class Fleet:
         self.starts += 1
         log = open(self.log_dir / f"worker-{self.model}-{self.starts}.log", "w")  # noqa: SIM115
         started = time.time()
-        each = -(-self.args.concurrency // self.processes)  # the jobs in flight, split
-        cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", str(self.processes),
-               "--concurrency", str(each)]  # fmt: skip
+        cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", str(self.processes)]
+        if self.args.concurrency:  # else the worker's default
+            each = -(-self.args.concurrency // self.processes)  # the jobs in flight, split
+            cli += ["--concurrency", str(each)]
         if self.args.profile:  # py-spy samples the worker and every process it starts
             out = Path(self.args.profile) / f"start-{self.model}-{self.starts}.txt"
             spy = "record --subprocesses --threads --idle --nonblocking --rate 100 --format raw"
@@ -460,8 +461,8 @@ def main() -> None:
     parser.add_argument(
         "--concurrency",
         type=int,
-        default=32,
-        help="the worker's jobs in flight, split among its job processes",
+        help="the worker's jobs in flight, split among its job processes (default: the "
+        "worker's own: 32 on the CPU, 640 on a GPU)",
     )
     parser.add_argument(
         "--processes", default="1", help="comma-separated: the worker's job processes, a row each"
@@ -534,7 +535,8 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    print(f"\n{device}; one worker, {args.concurrency} jobs in flight; {len(clips)} clips\n")
+    flight = args.concurrency or "the default"
+    print(f"\n{device}; one worker, {flight} jobs in flight; {len(clips)} clips\n")
     print(table(rows))
     print(f"\ncompile cache after the run: {sum(1 for _ in compile_cache.rglob('*'))} files")
     if args.plot:

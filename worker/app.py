@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Queue
 
 from worker.contract.jobs import QUEUES, TASK_NAME
-from worker.contract.settings import Settings, get_settings
+from worker.contract.settings import CPU_CONCURRENCY, Settings, get_settings
 
 
 def create_app(settings: Settings) -> Celery:
@@ -43,7 +43,7 @@ def create_app(settings: Settings) -> Celery:
         },
         broker_connection_retry_on_startup=True,
         worker_pool="threads",
-        worker_concurrency=settings.worker_concurrency,
+        worker_concurrency=settings.worker_concurrency or CPU_CONCURRENCY,
         worker_hijack_root_logger=False,
     )
     return app

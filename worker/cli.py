@@ -78,10 +78,12 @@ def _worker(args: argparse.Namespace) -> int:
     if args.gpus:
         gpus = _gpu_list(args.gpus)
         processes = args.processes or _job_processes(len(gpus))
-        return _worker_per_gpu(gpus, args.concurrency, args.queues, processes)
+        concurrency = args.concurrency or _job_concurrency(processes)
+        return _worker_per_gpu(gpus, concurrency, args.queues, processes)
     processes = args.processes or _job_processes()
+    concurrency = args.concurrency or _job_concurrency(processes)
     if processes > 1:
-        return _worker_processes(processes, args.concurrency, args.queues)
+        return _worker_processes(processes, concurrency, args.queues)
     from worker.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
@@ -95,7 +97,7 @@ def _worker(args: argparse.Namespace) -> int:
         [
             "worker",
             "--loglevel=INFO",
-            f"--concurrency={args.concurrency or settings.worker_concurrency}",
+            f"--concurrency={concurrency}",
             f"--hostname=whisperfleet-{os.getpid()}@{socket.gethostname()}",
             f"--queues={args.queues}",
             "--without-gossip",
@@ -199,11 +201,29 @@ def _job_processes(gpus: int = 1) -> int:
     settings = get_settings()
     if settings.worker_processes:
         return settings.worker_processes
-    if settings.device == "cpu":
-        return 1
-    if settings.device == "auto" and not _gpu_visible():
+    if not _on_gpu():
         return 1
     return max(1, min(8, (os.cpu_count() or 1) // (2 * gpus)))
+
+
+def _job_concurrency(processes: int) -> int:
+    """Jobs in flight in each job process when neither `--concurrency` nor the settings say:
+    on a GPU, enough among the `processes` to fill every slot of the engine and have the next
+    inputs ready (GPU_JOBS_IN_FLIGHT); on the CPU, CPU_CONCURRENCY."""
+    from worker.contract.settings import CPU_CONCURRENCY, GPU_JOBS_IN_FLIGHT
+
+    settings = get_settings()
+    if settings.worker_concurrency:
+        return settings.worker_concurrency
+    if not _on_gpu():
+        return CPU_CONCURRENCY
+    return -(-GPU_JOBS_IN_FLIGHT // processes)
+
+
+def _on_gpu() -> bool:
+    """Whether the worker's engine will run on a GPU (`auto`: one is visible)."""
+    device = get_settings().device
+    return device != "cpu" and (device != "auto" or _gpu_visible())
 
 
 def _gpu_visible() -> bool:
@@ -634,7 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency",
         type=_at_least_one,
-        help="jobs in flight (default: WHISPERFLEET_WORKER_CONCURRENCY)",
+        help="jobs in flight in each job process (default: WHISPERFLEET_WORKER_CONCURRENCY, "
+        "else 32 on the CPU; on a GPU 640 shared among the job processes: the engine's 512 "
+        "slots and a quarter more)",
     )
     p.add_argument(
         "--queues",

@@ -119,6 +119,35 @@ def test_job_processes_default_to_the_device_and_the_cores(monkeypatch, env, cor
         get_settings.cache_clear()
 
 
+@pytest.mark.parametrize(
+    "env, processes, expected",
+    [
+        ({"WHISPERFLEET_DEVICE": "cpu"}, 1, 32),
+        ({"WHISPERFLEET_DEVICE": "cpu"}, 4, 32),  # --gpus 0,1 with a CPU engine (tests)
+        ({"WHISPERFLEET_DEVICE": "cuda"}, 8, 80),  # 640 among 8: every slot, a quarter more
+        ({"WHISPERFLEET_DEVICE": "cuda"}, 3, 214),
+        ({"WHISPERFLEET_DEVICE": "auto"}, 1, 32),  # no NVIDIA driver on this machine
+        ({"WHISPERFLEET_DEVICE": "cuda", "WHISPERFLEET_WORKER_CONCURRENCY": "50"}, 8, 50),
+    ],
+)
+def test_jobs_in_flight_default_to_filling_the_engine(monkeypatch, env, processes, expected):
+    """256 in flight (32 in each of 8 processes) left half of tiny.en's 512 slots empty on the
+    H200: on a GPU the job processes together keep every slot filled."""
+    from engine.slots import MAX_SLOTS
+    from worker import cli
+    from worker.contract.settings import GPU_JOBS_IN_FLIGHT, get_settings
+
+    assert GPU_JOBS_IN_FLIGHT >= MAX_SLOTS
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        assert cli._job_concurrency(processes) == expected
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
 @pytest.mark.parametrize("value", ["0", "65", "two", "1.5"])
 def test_processes_out_of_range_is_a_usage_error(value):
     done = subprocess.run(

@@ -15,6 +15,11 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_S3_KEY = "whisperfleet"
+CPU_CONCURRENCY = 32  # a worker's jobs in flight on the CPU
+# A GPU worker's jobs in flight, shared among its job processes: the engine's slots at most
+# (engine.slots.MAX_SLOTS, 512) and a quarter more, ready to take a slot the moment one frees.
+# 256 in flight left half of tiny.en's slots empty on an H200 (docs/benchmarks.md).
+GPU_JOBS_IN_FLIGHT = 640
 FRAMES_PER_SECOND = 100  # log-mel frames a second of audio (Whisper's hop: 160 samples at 16 kHz)
 
 
@@ -100,10 +105,12 @@ class Settings(BaseSettings):
     # (the reference path; what WHISPERFLEET_TRITON=0 used to choose)
     kernels: Literal["auto", "triton", "torch"] = "auto"
     # Jobs in flight per worker process (Celery threads; each decodes its input, then waits
-    # for the engine): enough to fill the engine's batches. The batcher starts arrivals
-    # together once batch_size wait (default: the model's encoder batch) or the oldest has
-    # waited batch_max_wait_ms: longer waits, fuller batches; shorter, lower latency alone.
-    worker_concurrency: int = 32
+    # for the engine): enough to fill the engine's batches. Default: CPU_CONCURRENCY on the
+    # CPU; on a GPU, GPU_JOBS_IN_FLIGHT shared among the job processes. The batcher starts
+    # arrivals together once batch_size wait (default: the model's encoder batch) or the
+    # oldest has waited batch_max_wait_ms: longer waits, fuller batches; shorter, lower
+    # latency alone.
+    worker_concurrency: int | None = Field(None, ge=1)
     # Job processes feeding one worker's engine core (`whisperfleet worker --processes`): on a
     # fast GPU one process's fetching, decoding and storing (one interpreter lock) falls
     # behind the engine; each process runs worker_concurrency jobs. Default: 1 on the CPU; on
