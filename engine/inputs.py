@@ -291,19 +291,19 @@ def spectrogram_source(
         raise _too_many_frames(n, max_s)
     if not np.isfinite(array).all():
         raise SpectrogramError(f"the spectrogram holds NaN or infinite values; {forms}")
-    # Measured on the host, copied without waiting: a GPU worker prepares inputs while decode
-    # steps are queued, and a read back from the device (or a copy from pageable memory)
-    # would wait for all of them, one input at a time (tiny.en's and base's spectrogram jobs
-    # ran at half the pace of their audio jobs through the fleet, docs/benchmarks.md).
+    # Measured on the host, a window copied without waiting: a GPU worker prepares inputs
+    # while decode steps are queued, and a read back from the device (or a copy from pageable
+    # memory) waits for all of them, one input at a time (base's spectrogram jobs ran at half
+    # the pace of its audio jobs through the fleet, docs/benchmarks.md).
     host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
     floor = float(_floor(host))
-    if n > N_FRAMES:
-        content = n
-    else:  # one window, padded by the extractor: the content ends where digital silence begins
-        loud = (host > floor + 1e-3).any(dim=0).nonzero()
-        content = int(loud[-1]) + 1 if len(loud) else 0
-        if content > max_frames:  # a limit under 30 s
-            raise _too_many_frames(content, max_s)
+    if n > N_FRAMES:  # long: one plain copy (no pinned buffer of its size), its wait small
+        return _HeldMel(host.to(device), n, floor)  # beside its windows' work
+    # One window, padded by the extractor: the content ends where digital silence begins.
+    loud = (host > floor + 1e-3).any(dim=0).nonzero()
+    content = int(loud[-1]) + 1 if len(loud) else 0
+    if content > max_frames:  # a limit under 30 s
+        raise _too_many_frames(content, max_s)
     if device.type == "cuda":
         host = host.pin_memory()
     return _HeldMel(host.to(device, non_blocking=True), content, floor)
