@@ -90,6 +90,21 @@ def test_word_cues_in_a_format_without_cues_is_refused_before_any_work(clips):
     ]
 
 
+@pytest.fixture
+def settings_env(monkeypatch):
+    """Set environment variables and read the settings afresh; both undone afterwards."""
+    from worker.contract.settings import get_settings
+
+    def apply(env: dict[str, str]) -> None:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+
+    yield apply
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
 @pytest.mark.parametrize(
     "env, cores, gpus, expected",
     [
@@ -104,19 +119,14 @@ def test_word_cues_in_a_format_without_cues_is_refused_before_any_work(clips):
         ({"WHISPERFLEET_DEVICE": "cuda", "WHISPERFLEET_WORKER_PROCESSES": "3"}, 16, 1, 3),
     ],
 )
-def test_job_processes_default_to_the_device_and_the_cores(monkeypatch, env, cores, gpus, expected):
+def test_job_processes_default_to_the_device_and_the_cores(
+    settings_env, monkeypatch, env, cores, gpus, expected
+):
     from worker import cli
-    from worker.contract.settings import get_settings
 
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    get_settings.cache_clear()
-    try:
-        assert cli._job_processes(gpus) == expected
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+    settings_env(env)
+    assert cli._job_processes(gpus) == expected
 
 
 @pytest.mark.parametrize(
@@ -130,22 +140,16 @@ def test_job_processes_default_to_the_device_and_the_cores(monkeypatch, env, cor
         ({"WHISPERFLEET_DEVICE": "cuda", "WHISPERFLEET_WORKER_CONCURRENCY": "50"}, 8, 50),
     ],
 )
-def test_jobs_in_flight_default_to_filling_the_engine(monkeypatch, env, processes, expected):
+def test_jobs_in_flight_default_to_filling_the_engine(settings_env, env, processes, expected):
     """256 in flight (32 in each of 8 processes) left half of tiny.en's 512 slots empty on the
     H200: on a GPU the job processes together keep every slot filled."""
     from engine.slots import MAX_SLOTS
     from worker import cli
-    from worker.contract.settings import GPU_JOBS_IN_FLIGHT, get_settings
+    from worker.contract.settings import GPU_JOBS_IN_FLIGHT
 
     assert GPU_JOBS_IN_FLIGHT >= MAX_SLOTS
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    try:
-        assert cli._job_concurrency(processes) == expected
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+    settings_env(env)
+    assert cli._job_concurrency(processes) == expected
 
 
 @pytest.mark.parametrize("value", ["0", "65", "two", "1.5"])
