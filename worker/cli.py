@@ -826,8 +826,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--systems",
         default="dynamic,static,engine",
-        help="transformers caches (dynamic, static), engine, fp8 (engine, fp8 cross K/V), "
-        "bf16 (engine in bf16) (default dynamic,static,engine)",
+        help="transformers: dynamic, static (Whisper's generate with that cache), plain (the "
+        "generic generate, static cache, no Whisper logits processors); the engine: engine, "
+        "fp8 (fp8 cross K/V), bf16 (engine in bf16) (default dynamic,static,engine)",
     )
     p.add_argument(
         "--tokens", type=_at_least_one, default=100, help="new tokens per window (default 100)"

@@ -2,8 +2,10 @@
 
 Work: 30 s windows (random log-mel), exactly `tokens` new tokens each (end-of-text
 suppressed until then), fp16, random weights of Whisper's shapes (`random:<size>`: speed does
-not depend on the values). transformers runs `generate` with SDPA, with its default dynamic
-cache and with `cache_implementation="static"`. The engine runs what a worker runs: a `Stream`
+not depend on the values). transformers runs Whisper's `generate` with SDPA, with its
+default dynamic cache and with `cache_implementation="static"`, and ("plain") the generic
+`GenerationMixin.generate` from the same prompt with the static cache, without Whisper's
+logits processors: the leaner peer. The engine runs what a worker runs: a `Stream`
 (`Engine.open`) with a pool of `batch` slots, fed `3 * batch` spectrogram inputs at once
 (continuous batching, CUDA graphs), its cross-attention cache in the model's dtype ("engine")
 or in fp8 ("engine fp8"), or the whole model in bf16 ("engine bf16"). Reported: windows/s
@@ -33,7 +35,8 @@ from engine.options import TranscriptionOptions
 WINDOW_SECONDS = 30.0
 LATENCY_RUNS = 7  # batch 1: the median of this many runs, and their range
 ENGINE_SYSTEMS = ("engine", "fp8", "bf16")
-SYSTEMS = ("dynamic", "static", *ENGINE_SYSTEMS)  # transformers' two caches, then the engine's
+# transformers: Whisper's generate with either cache, the generic one ("plain"); the engine's
+SYSTEMS = ("dynamic", "static", "plain", *ENGINE_SYSTEMS)
 
 
 @dataclass
@@ -143,8 +146,8 @@ def bench_engine(
     return row
 
 
-def hf_model(size: str, device: torch.device):
-    """transformers' Whisper of this size, random weights, fp16, SDPA."""
+def hf_model(size: str, device: torch.device, dtype: torch.dtype = torch.float16):
+    """transformers' Whisper of this size, random weights, SDPA."""
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
     tok = random_tokenizer(size)
@@ -157,7 +160,7 @@ def hf_model(size: str, device: torch.device):
         attn_implementation="sdpa",
     )
     with torch.device(device):
-        model = WhisperForConditionalGeneration._from_config(config, dtype=torch.float16).eval()
+        model = WhisperForConditionalGeneration._from_config(config, dtype=dtype).eval()
     model.generation_config = GenerationConfig(
         decoder_start_token_id=tok.sot,
         eos_token_id=tok.eot,
@@ -171,23 +174,38 @@ def hf_model(size: str, device: torch.device):
     return model, config
 
 
-def bench_transformers(size: str, batch: int, cache: str, tokens: int) -> Row:
-    device = torch.device("cuda")
-    model, config = hf_model(size, device)
-    features = torch.randn(batch, config.num_mel_bins, N_FRAMES, device=device, dtype=torch.float16)
-    kwargs = {"cache_implementation": "static"} if cache == "static" else {}
+def transformers_run(
+    size: str, batch: int, cache: str, tokens: int, device: torch.device, dtype: torch.dtype
+) -> Callable[[], torch.Tensor]:
+    """A function that runs `batch` random windows through transformers, `tokens` new tokens
+    each, returning the sequences. cache: "dynamic" or "static" (Whisper's `generate`), or
+    "plain" (the generic `generate`, static cache, from Whisper's English prompt)."""
+    from transformers import GenerationMixin
+
+    model, config = hf_model(size, device, dtype)
+    features = torch.randn(batch, config.num_mel_bins, N_FRAMES, device=device, dtype=dtype)
+    fixed = {"min_new_tokens": tokens, "max_new_tokens": tokens}
+    if cache == "plain":
+        tok = random_tokenizer(size)
+        prompt = [tok.sot, tok.language_ids["en"], tok.transcribe, tok.no_timestamps]
+        ids = torch.tensor([prompt] * batch, device=device)
+        fixed |= {"decoder_input_ids": ids, "cache_implementation": "static"}
+        generate = GenerationMixin.generate  # not Whisper's override: no logits processors
+    else:
+        fixed |= {"language": "en", "task": "transcribe"}
+        if cache == "static":
+            fixed["cache_implementation"] = "static"
+        generate = type(model).generate
 
     @torch.inference_mode()
-    def run() -> None:
-        model.generate(
-            features,
-            language="en",
-            task="transcribe",
-            min_new_tokens=tokens,
-            max_new_tokens=tokens,
-            **kwargs,
-        )
+    def run() -> torch.Tensor:
+        return generate(model, features, **fixed)
 
+    return run
+
+
+def bench_transformers(size: str, batch: int, cache: str, tokens: int) -> Row:
+    run = transformers_run(size, batch, cache, tokens, torch.device("cuda"), torch.float16)
     best, runs, peak = _timed(run, batch)
     row = Row(f"random:{size}", f"transformers {cache}", batch, batch / best, None, peak)
     if batch == 1:
@@ -221,29 +239,35 @@ def run(
 
 
 def table(rows: list[Row]) -> str:
-    """The rows as a Markdown table; "vs static": an engine row's windows/s over transformers'
-    static cache at the same model and batch (fixed-length work, same run)."""
-    static = {
-        (r.model, r.batch): r.windows_per_s
-        for r in rows
-        if r.system == "transformers static" and r.tokens == "100"
-    }
+    """The rows as a Markdown table; "vs static" and "vs plain": an engine row's windows/s
+    over transformers' (Whisper's generate with the static cache; the generic generate) at the
+    same model and batch (fixed-length work, same run)."""
+
+    def peer(system: str) -> dict[tuple[str, int], float]:
+        return {
+            (r.model, r.batch): r.windows_per_s
+            for r in rows
+            if r.system == system and r.tokens == "100"
+        }
+
+    peers = [peer("transformers static"), peer("transformers plain")]
     lines = [
         "| model | system | batch | tokens | windows/s | RTFx | latency ms | peak GiB "
-        "| vs static |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| vs static | vs plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         latency = f"{r.latency_ms:.1f}" if r.latency_ms is not None else ""
         if r.latency_range_ms:
             latency += " ({:.1f}-{:.1f})".format(*r.latency_range_ms)
         speed = f"{r.windows_per_s:.1f} | {r.rtfx:.0f}"
-        base = static.get((r.model, r.batch))
-        ratio = ""
-        if r.system.startswith("engine") and r.tokens == "100" and base:
-            ratio = f"{r.windows_per_s / base:.2f}x"
+        ratios = []
+        for windows in peers:
+            base = windows.get((r.model, r.batch))
+            like = r.system.startswith("engine") and r.tokens == "100" and base
+            ratios.append(f"{r.windows_per_s / base:.2f}x" if like else "")
         lines.append(
             f"| {r.model} | {r.system} | {r.batch} | {r.tokens} | {speed} | {latency} "
-            f"| {r.peak_gib:.1f} | {ratio} |"
+            f"| {r.peak_gib:.1f} | {' | '.join(ratios)} |"
         )
     return "\n".join(lines)

@@ -1,23 +1,42 @@
-"""The bench's table: an engine row's ratio is over transformers' static cache at its batch."""
+"""The bench's table: an engine row's ratios are over transformers' at its batch; the peers'
+work is what the engine's is."""
 
-from engine.tools.bench import Row, engine_run, table
+import torch
+
+from engine.tools.bench import Row, engine_run, table, transformers_run
 
 
-def test_table_gives_engine_rows_their_ratio_over_static_at_the_same_batch():
+def test_table_gives_engine_rows_their_ratios_over_transformers_at_the_same_batch():
     rows = [
         Row("random:tiny", "engine", 512, 1500.0, None, 5.8),
         Row("random:tiny", "engine", 512, 1200.0, None, 6.6, tokens="10-200"),
         Row("random:tiny", "engine fp8", 256, 900.0, None, 3.0),
         Row("random:tiny", "transformers static", 512, 1000.0, None, 7.2),
+        Row("random:tiny", "transformers plain", 512, 1200.0, None, 7.0),
         Row("random:tiny", "transformers static", 1, 5.0, 190.0, 0.1),
     ]
     lines = table(rows).splitlines()
-    assert lines[0].endswith("| peak GiB | vs static |")
-    assert lines[2] == "| random:tiny | engine | 512 | 100 | 1500.0 | 45000 |  | 5.8 | 1.50x |"
-    assert lines[3].endswith("| 6.6 |  |")  # mixed lengths: no like-for-like row
-    assert lines[4].endswith("| 3.0 |  |")  # no static row at batch 256
-    static_b1 = "| random:tiny | transformers static | 1 | 100 | 5.0 | 150 | 190.0 | 0.1 |  |"
-    assert lines[6] == static_b1
+    assert lines[0].endswith("| peak GiB | vs static | vs plain |")
+    engine = "| random:tiny | engine | 512 | 100 | 1500.0 | 45000 |  | 5.8 | 1.50x | 1.25x |"
+    assert lines[2] == engine
+    assert lines[3].endswith("| 6.6 |  |  |")  # mixed lengths: no like-for-like row
+    assert lines[4].endswith("| 3.0 |  |  |")  # no transformers row at batch 256
+    static_b1 = "| random:tiny | transformers static | 1 | 100 | 5.0 | 150 | 190.0 | 0.1 |  |  |"
+    assert lines[7] == static_b1
+
+
+def test_every_transformers_peer_decodes_exactly_the_tokens_asked_from_whispers_prompt():
+    """Whisper's generate (either cache) and the generic one without Whisper's logits
+    processors do the same work: the English transcription prompt, then `tokens` new tokens."""
+    from engine.loader import random_tokenizer
+
+    tok = random_tokenizer("tiny")
+    prompt = [tok.sot, tok.language_ids["en"], tok.transcribe, tok.no_timestamps]
+    for cache in ("dynamic", "static"):  # Whisper's generate returns the new tokens alone
+        out = transformers_run("tiny", 2, cache, 3, torch.device("cpu"), torch.float32)()
+        assert out.shape == (2, 3), cache
+    out = transformers_run("tiny", 2, "plain", 3, torch.device("cpu"), torch.float32)()
+    assert out.shape == (2, 4 + 3) and out[:, :4].tolist() == [prompt, prompt]
 
 
 def test_the_engine_runs_its_work_through_a_stream_each_window_exactly_its_length():
