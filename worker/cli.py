@@ -850,6 +850,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
+    try:
+        get_settings()  # the parser's defaults come from them: a bad one is the user's to fix
+    except ValidationError as e:
+        print(f"whisperfleet: {_settings_problems(e)}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -876,6 +883,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _settings_problems(error) -> str:
+    """A settings ValidationError as one line, each problem under its variable's name; the
+    values are left out (a setting may be a secret)."""
+    problems = []
+    for e in error.errors():
+        name = f"WHISPERFLEET_{str(e['loc'][0]).upper()}" if e["loc"] else "the settings"
+        problems.append(f"{name}: {e['msg']}")
+    return "; ".join(problems)
 
 
 if __name__ == "__main__":

@@ -139,3 +139,34 @@ def test_redis_away_is_one_line_naming_it_without_its_password(command):
     [said] = done.stderr.splitlines()
     assert said.startswith(f"whisperfleet {command[0]}: Redis at redis://127.0.0.1:1/0 did not")
     assert "hunter2" not in said
+
+
+@pytest.mark.parametrize(
+    "env, line",
+    [
+        (
+            {"WHISPERFLEET_WORKER_CONCURRENCY": "0"},
+            "whisperfleet: WHISPERFLEET_WORKER_CONCURRENCY: Input should be greater than or "
+            "equal to 1",
+        ),
+        (
+            {"WHISPERFLEET_WORKER_PROCESSES": "hunter2", "WHISPERFLEET_BATCH_SIZE": "x"},
+            "whisperfleet: WHISPERFLEET_WORKER_PROCESSES: Input should be a valid integer, "
+            "unable to parse string as an integer; WHISPERFLEET_BATCH_SIZE: Input should be a "
+            "valid integer, unable to parse string as an integer",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", [["worker"], ["transcribe", JFK]])
+def test_a_bad_setting_is_one_line_naming_its_variable_without_its_value(env, line, command):
+    """Settings come from the environment before the command line is read: a bad one is named
+    by its variable, every one at once, and its value (which may be a secret) is not echoed."""
+    done = subprocess.run(
+        [WHISPERFLEET, *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
