@@ -11,10 +11,11 @@ Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
   columns rule them out); the padding is never read;
 - caches are explicit tensors owned by the caller (`KVCache`): the self-attention cache
   `[layer, slot, head, n_text_ctx, d_head]` and the cross-attention cache
-  `[layer, slot, head, n_audio_ctx, d_head]`, which is projected once per window
-  (`project_cross_kv`) and only read by decode steps. A batch is a contiguous range of slots
-  (`rows`), so every read is a view of the cache, never a gathered copy; the slot pool keeps
-  live sequences packed at the front. No hooks, no hidden state: this is what CUDA graphs and
+  `[layer, slot, head, n_audio_ctx, d_head]`, which a window's first decoder pass projects
+  from the encoder output (`xa`) and stores, and decode steps only read. A decode step's batch
+  is a contiguous range of slots (`rows`), so every read is a view of the cache, never a
+  gathered copy; the slot pool keeps live sequences packed at the front. Writes go to any
+  slots (`engine.kernels.store`). No hooks, no hidden state: this is what CUDA graphs and
   continuous batching need. The cross-attention cache may be fp8 (half the bytes that large
   models' decode steps read); it is widened as it is read.
 - a decode step (one token per row) attends through `engine.kernels.attention`: a split-K
@@ -33,9 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.kernels.attention import decode_attention
+from engine.kernels.store import store_kv
 
 VOCAB_ALIGN = 64
-FP8_MAX = 448.0  # largest float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -196,28 +197,30 @@ class AudioEncoder(nn.Module):
 class Where:
     """Where a decoder pass's tokens sit, worked out once for every layer.
 
-    positions: shape = (batch, n_tokens); batch: shape = (batch, 1), each row's index, to
-    write its cache at its own positions; n_keys: self-attention positions read; mask: shape =
-    (batch, 1, n_tokens, n_keys), True where a query may see a key (several tokens a row); or,
-    for a decode step (one token a row), lengths: shape = (batch,), the keys each row sees;
-    triton: a decode step attends through the Triton kernel (`engine.kernels.attention`).
+    positions: shape = (batch, n_tokens); slots: shape = (batch,), each row's cache slot, where
+    its new keys and values are written. A decode step (one token a row, at its own position)
+    reads n_keys self-attention positions of the cache, each row up to its own length:
+    lengths, shape = (batch,); triton: through the Triton kernel (`engine.kernels.attention`).
+    A prompt pass (tokens from position 0: a prompt, or a whole text to align) attends to its
+    own keys: mask, shape = (batch, 1, n_tokens, n_tokens), True where a query may see a key.
     """
 
     positions: Tensor
-    batch: Tensor
+    slots: Tensor
     n_keys: int
     mask: Tensor | None
     lengths: Tensor | None
     triton: bool = False
 
     @classmethod
-    def of(cls, positions: Tensor, n_keys: int, triton: bool = False) -> Where:
-        batch = torch.arange(positions.shape[0], device=positions.device)[:, None]
-        if positions.shape[1] == 1:
-            return cls(positions, batch, n_keys, None, positions[:, 0] + 1, triton)
-        keys = torch.arange(n_keys, device=positions.device)
+    def of(
+        cls, positions: Tensor, slots: Tensor, n_keys: int, triton: bool = False, prompt=False
+    ) -> Where:
+        if not prompt and positions.shape[1] == 1:
+            return cls(positions, slots, n_keys, None, positions[:, 0] + 1, triton)
+        keys = torch.arange(positions.shape[1], device=positions.device)
         mask = keys[None, None, None, :] <= positions[:, None, :, None]
-        return cls(positions, batch, n_keys, mask, None, triton)
+        return cls(positions, slots, positions.shape[1], mask, None, triton)
 
 
 @dataclass
@@ -246,34 +249,42 @@ class DecoderBlock(nn.Module):
         self,
         x: Tensor,
         at: Where,
-        rows: slice,
+        rows: slice | None,
         cache: KVCache,
         layer: int,
+        xa: Tensor | None = None,
         weights: CrossWeights | None = None,
     ) -> Tensor:
         h = self.attn.n_head
         q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
-        # Write this step's keys/values at each row's own positions, then attend over the
-        # first n_keys positions, each query seeing only those up to its own (rows differ in
-        # length). (Index tensors split by a slice put their axes first: the target is
-        # (b, t, head, d).)
         b, t, d = k.shape
-        cache.self_k[layer, rows][at.batch, :, at.positions] = k.view(b, t, h, d // h)
-        cache.self_v[layer, rows][at.batch, :, at.positions] = v.view(b, t, h, d // h)
-        keys = cache.self_k[layer, rows, :, : at.n_keys]
-        values = cache.self_v[layer, rows, :, : at.n_keys]
-        cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
-        if at.mask is None:
+        # this pass's keys and values go into each row's slot, at its own positions
+        start = at.positions[:, 0] if at.mask is None else None
+        store_kv(k, v, cache.self_k[layer], cache.self_v[layer], at.slots, start, at.triton)
+        if at.mask is None:  # a decode step: the cache holds the keys before this one
+            keys = cache.self_k[layer, rows, :, : at.n_keys]
+            values = cache.self_v[layer, rows, :, : at.n_keys]
             q = q.view(b, h, d // h)
             a = decode_attention(q, keys, values, at.lengths, at.triton).view(b, 1, d)
             x = x + self.attn.out(a)
             q = self.cross_attn.q(self.cross_attn_ln(x)).view(b, h, d // h)
+            cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
             a = decode_attention(q, cross_k, cross_v, triton=at.triton).view(b, 1, d)
-        else:
-            a = F.scaled_dot_product_attention(split_heads(q, h), keys, values, attn_mask=at.mask)
+        else:  # a prompt pass: its own keys are all there is
+            a = F.scaled_dot_product_attention(
+                split_heads(q, h), split_heads(k, h), split_heads(v, h), attn_mask=at.mask
+            )
             x = x + self.attn.out(merge_heads(a))
             q = split_heads(self.cross_attn.q(self.cross_attn_ln(x)), h)
-            cross_k, cross_v = cross_k.to(q.dtype), cross_v.to(q.dtype)
+            if xa is None:
+                cross_k = cache.cross_k[layer, rows].to(q.dtype)
+                cross_v = cache.cross_v[layer, rows].to(q.dtype)
+            else:  # a window's first pass projects its cross-attention K/V, kept for the rest
+                ck, cv = self.cross_attn.kv(xa).chunk(2, dim=-1)
+                store_kv(
+                    ck, cv, cache.cross_k[layer], cache.cross_v[layer], at.slots, None, at.triton
+                )
+                cross_k, cross_v = split_heads(ck, h), split_heads(cv, h)
             keep = weights.heads.get(layer) if weights else None
             if keep is None:
                 a = F.scaled_dot_product_attention(q, cross_k, cross_v)
@@ -305,26 +316,42 @@ class TextDecoder(nn.Module):
         self,
         tokens: Tensor,
         positions: Tensor,
-        rows: slice,
+        rows: slice | Tensor,
         cache: KVCache,
         n_keys: int | None = None,
         triton: bool = False,
         weights: CrossWeights | None = None,
+        xa: Tensor | None = None,
     ) -> Tensor:
         """
         tokens, positions: shape = (batch, n_tokens), each row's next tokens and their positions
-        rows: the batch's cache slots, a contiguous range of `batch` slots
-        n_keys: self-attention positions to read (a fixed bucket under CUDA graphs); default:
-            the furthest position in the batch + 1
-        triton: decode steps attend through the Triton kernel (on CUDA)
+            (several tokens a row, or a pass given `xa`: a prompt from position 0)
+        rows: the batch's cache slots: a contiguous range of `batch` slots; or, for a pass
+            given `xa`, any slots, as a tensor of shape (batch,) (a CUDA graph's slots can then
+            be chosen after capture)
+        n_keys: self-attention positions a decode step reads (a fixed bucket under CUDA
+            graphs); default: the furthest position in the batch + 1
+        triton: the Triton kernels (on CUDA)
         weights: cross-attention weights to keep (several tokens a row only)
+        xa: shape = (batch, n_audio_ctx, n_audio_state), the windows' encoder output, for their
+            first pass: it projects and stores their cross-attention K/V (else read from the
+            cache)
         returns: logits, shape = (batch, n_tokens, n_vocab), in the model's dtype: a view of
             the padded head's output, so rows are strided
         """
+        if isinstance(rows, slice):
+            slots = torch.arange(rows.start, rows.stop, device=tokens.device)
+        elif xa is None:
+            raise ValueError(
+                "slots as a tensor need xa: the cross-attention cache is read by range"
+            )
+        else:
+            slots, rows = rows, None
         x = self.token_embedding(tokens) + self.positional_embedding[positions]
-        at = Where.of(positions, n_keys or int(positions.max()) + 1, triton)
+        n_keys = n_keys or int(positions.max()) + 1
+        at = Where.of(positions, slots, n_keys, triton, prompt=xa is not None)
         for layer, block in enumerate(self.blocks):
-            x = block(x, at, rows, cache, layer, weights)
+            x = block(x, at, rows, cache, layer, xa, weights)
         x = self.ln(x)
         return F.linear(x, self.token_embedding.weight)[..., : self.n_vocab]
 
@@ -335,18 +362,3 @@ class Whisper(nn.Module):
         self.dims = dims
         self.encoder = AudioEncoder(dims)
         self.decoder = TextDecoder(dims)
-
-    def project_cross_kv(self, xa: Tensor, rows: slice, cache: KVCache) -> None:
-        """Project encoder output to every layer's cross-attention K/V, once per window.
-
-        xa: shape = (batch, n_audio_ctx, n_audio_state); rows: `batch` contiguous slots
-        """
-        h = self.dims.n_text_head
-        fp8 = cache.cross_k.dtype == torch.float8_e4m3fn
-        for layer, block in enumerate(self.decoder.blocks):
-            kv = block.cross_attn.kv(xa)
-            if fp8:  # saturate: the cast would turn values past the range into NaN
-                kv = kv.clamp(-FP8_MAX, FP8_MAX)
-            k, v = kv.chunk(2, dim=-1)
-            cache.cross_k[layer, rows] = split_heads(k, h)
-            cache.cross_v[layer, rows] = split_heads(v, h)

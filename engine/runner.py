@@ -245,7 +245,9 @@ class Runner:
 
     @torch.inference_mode()
     def encode(self, mels: torch.Tensor) -> slice:
-        """Encode windows (n, n_mels, 3000) into the next free slots; return their range."""
+        """Encode windows (n, n_mels, 3000) for the next free slots; return their range. Their
+        first decoder pass (`detect_language` or `start`) projects their cross-attention K/V
+        into those slots."""
         n, start = len(mels), self.slots.n_live
         if n > min(self.slots.free, self.encoder_batch):
             free = min(self.slots.free, self.encoder_batch)
@@ -256,9 +258,7 @@ class Runner:
             self._encoder_graph(size).replay()
         else:
             self._encode_into(size)
-        rows = slice(start, start + n)
-        self.m.model.project_cross_kv(self.xa_out[:n], rows, self.slots.cache)
-        return rows
+        return slice(start, start + n)
 
     @torch.inference_mode()
     def detect_language(self, rows: slice) -> list[LanguageGuess]:
@@ -267,7 +267,10 @@ class Runner:
         ids = torch.tensor(list(self.tok.language_ids.values()), device=self.m.device)
         tokens = torch.full((rows.stop - rows.start, 1), self.tok.sot, device=self.m.device)
         positions = torch.zeros_like(tokens)
-        logits = self.m.model.decoder(tokens, positions, rows, self.slots.cache, 1, self.triton)
+        xa = self.xa_out[: rows.stop - rows.start]
+        logits = self.m.model.decoder(
+            tokens, positions, rows, self.slots.cache, 1, self.triton, xa=xa
+        )
         probs = logits[:, 0, ids].float().softmax(dim=-1)
         best = probs.argmax(dim=-1)
         chosen = probs.gather(1, best[:, None])[:, 0].tolist()
@@ -279,7 +282,7 @@ class Runner:
         if rows.start != self.slots.n_live or rows.stop - rows.start != len(sequences):
             raise ValueError("start the windows of the last encode, in order")
         self.slots.occupy(sequences, [0] * len(sequences))
-        self._prefill(rows, sequences)
+        self._prefill(rows, sequences, self.xa_out[: len(sequences)])
 
     @torch.inference_mode()
     def restart(self, slot: int, task: WindowTask, attempt: int) -> None:
@@ -288,7 +291,11 @@ class Runner:
         sequence.task, sequence.attempt = task, attempt
         self._prefill(slice(slot, slot + 1), [sequence])
 
-    def _prefill(self, rows: slice, sequences: list[Sequence]) -> None:
+    def _prefill(
+        self, rows: slice, sequences: list[Sequence], xa: torch.Tensor | None = None
+    ) -> None:
+        """Feed the prompts; xa: the windows' encoder output, on their first pass (else their
+        cross-attention K/V are in their slots already)."""
         device, n_ctx, tok = self.m.device, self.m.dims.n_text_ctx, self.tok
         prompts = [prompt_tokens(tok, s.task, n_ctx) for s in sequences]
         if max(map(len, prompts)) > self.max_prompt:
@@ -326,7 +333,9 @@ class Runner:
         positions = torch.arange(width, device=device).expand(len(prompts), -1)
         # the last prompt token is fed again by the first step, which samples after it;
         # n_keys given, not read off the positions (that would wait for the GPU)
-        logits = self.m.model.decoder(tokens, positions, rows, self.slots.cache, width)
+        logits = self.m.model.decoder(
+            tokens, positions, rows, self.slots.cache, width, self.triton, xa=xa
+        )
         batch = torch.arange(len(prompts), device=device)
         self.slots.state.start(
             rows,

@@ -19,6 +19,7 @@ from engine.kernels.attention import (  # noqa: E402
     triton_decode_attention,
 )
 from engine.kernels.greedy import GreedyRules  # noqa: E402
+from engine.kernels.store import torch_store_kv, triton_store_kv  # noqa: E402
 from engine.loader import random_tokenizer  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -74,6 +75,45 @@ def test_self_attention_reads_each_rows_length_whatever_the_positions_allowed(le
     out = triton_decode_attention(q, k.where(~past, nan), v.where(~past, nan), n)
     assert torch.isfinite(out).all()
     assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize(
+    "n, t, start, dtype",
+    [
+        (3, 1, True, torch.float16),  # a decode step: one key a row, at its own position
+        (2, 70, False, torch.float16),  # a prompt, or a window's cross-attention K/V
+        (2, 5, True, torch.bfloat16),
+        (2, 70, False, torch.float8_e4m3fn),  # clamped to the fp8 range, then cast
+        (1, 3, True, torch.float32),
+    ],
+)
+def test_store_writes_each_rows_keys_and_values_where_torch_does(n, t, start, dtype):
+    """The Triton kernel writes exactly what the indexed writes do, in the slots the rows name
+    (in any order), at each row's positions, and nothing else."""
+    g = torch.Generator().manual_seed(n * 100 + t)
+    heads, d_head, n_slots, ctx = 3, 64, 6, 160
+    c = heads * d_head
+    qkv = torch.randn(n, t, 3 * c, generator=g)
+    if dtype == torch.float8_e4m3fn:
+        # values fp8 holds exactly, and some past its range: Triton's interpreter rounds to fp8
+        # unlike the GPU (and torch) at ties, so only the GPU compares arbitrary values
+        qkv = 600 * qkv.clamp(-1, 1)
+        if not torch.cuda.is_available():
+            qkv = qkv.to(torch.float8_e4m3fn).float().where(qkv.abs() <= 448, qkv)
+    qkv = qkv.to(DEVICE, torch.float16 if dtype == torch.float8_e4m3fn else dtype)  # the model's
+    k, v = qkv[..., c : 2 * c], qkv[..., 2 * c :]  # views of a fused projection
+    rows = torch.randperm(n_slots, generator=g)[:n].to(DEVICE)
+    first = torch.randint(0, ctx - t, (n,), generator=g).to(DEVICE) if start else None
+    caches = [torch.randn(n_slots, heads, ctx, d_head, generator=g).to(DEVICE, dtype) for _ in "kv"]
+    expected = [cache.clone() for cache in caches]
+    torch_store_kv(k, v, *expected, rows, first)
+    triton_store_kv(k, v, *caches, rows, first)
+    for out, ref in zip(caches, expected, strict=True):
+        assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    written = expected[1].float()[rows]
+    assert (
+        (written.abs() <= 448).all() if dtype == torch.float8_e4m3fn else written.isfinite().all()
+    )
 
 
 @pytest.fixture(scope="module")
