@@ -320,7 +320,7 @@ class SlotState:
 
     def start(
         self,
-        rows: slice,
+        rows: slice | Tensor,
         *,
         token: Tensor,
         position: Tensor,

@@ -80,8 +80,9 @@ class SlotPool:
     ):
         d, device = loaded.dims, loaded.device
         self.n_slots, self.text_ctx = n_slots, text_ctx
-        self.cache = KVCache.allocate(d, n_slots, device, loaded.dtype, text_ctx, cross_dtype)
-        self.state = SlotState.allocate(n_slots, sample_len, loaded.tokenizer.eot, device)
+        # and one spare slot past them, where a graph's padding rows write (`engine.runner`)
+        self.cache = KVCache.allocate(d, n_slots + 1, device, loaded.dtype, text_ctx, cross_dtype)
+        self.state = SlotState.allocate(n_slots + 1, sample_len, loaded.tokenizer.eot, device)
         self.live: list[Sequence | None] = []
         self.next_position: list[int] = []  # host copy of each live row's fed position
 

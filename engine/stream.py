@@ -281,6 +281,15 @@ class Stream(Streaming):
             bisect.insort(self._polling, entry, key=_ORDER)
 
     def _admit(self) -> int:
+        """Admit ready windows, an encoder batch at a time, as long as they fit; return how
+        many. (One batch a step would fill an empty pool of 512 slots over 16 steps, each
+        decoding a fraction of what it could.)"""
+        admitted = 0
+        while batch := self._admit_batch():
+            admitted += batch
+        return admitted
+
+    def _admit_batch(self) -> int:
         """Admit ready windows (kept waiting until they fit) as one encoder batch; return how
         many."""
         runner, waiting, full = self._runner, self._waiting, self._runner.encoder_batch
