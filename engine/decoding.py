@@ -333,19 +333,31 @@ class SlotState:
         eot: int,
     ) -> None:
         """Rows whose prompts were just prefilled: nothing sampled yet; `token` is each row's
-        last prompt token, which the first step feeds again to sample after it."""
-        self.token[rows], self.position[rows] = token, position
-        self.n_sampled[rows] = 0
-        self.last[rows], self.penultimate[rows], self.last_timestamp[rows] = -1, -1, -1
-        self.finished[rows] = False
-        self.sum_logprob[rows] = 0.0
-        self.sampled[rows] = eot
-        self.temperature[rows] = temperature
-        self.sample_key[rows] = sample_key
-        self.timestamps[rows] = timestamps
-        self.min_tokens[rows] = min_tokens
-        self.limit[rows] = limit
-        self.no_speech[rows] = no_speech
+        last prompt token, which the first step feeds again to sample after it. rows: their
+        slots (written by index, so a CUDA graph may take them from a tensor)."""
+        if isinstance(rows, slice):
+            rows = torch.arange(rows.start, rows.stop, device=self.token.device)
+        for t, value in (
+            (self.token, token),
+            (self.position, position),
+            (self.temperature, temperature),
+            (self.sample_key, sample_key),
+            (self.timestamps, timestamps),
+            (self.min_tokens, min_tokens),
+            (self.limit, limit),
+            (self.no_speech, no_speech),
+        ):
+            t.index_copy_(0, rows, value.to(t.dtype))
+        for t, fill in (
+            (self.n_sampled, 0),
+            (self.last, -1),
+            (self.penultimate, -1),
+            (self.last_timestamp, -1),
+            (self.finished, False),
+            (self.sum_logprob, 0.0),
+            (self.sampled, eot),
+        ):
+            t.index_fill_(0, rows, fill)
 
     def commit(
         self,

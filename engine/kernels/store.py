@@ -71,13 +71,14 @@ def triton_store_kv(
         raise ValueError("the last dimension of k, v and the caches must be contiguous")
     if k.stride()[:2] != v.stride()[:2] or k_cache.stride() != v_cache.stride():
         raise ValueError("k and v, and their caches, must be laid out alike")
+    rows = rows.contiguous()
     store_kernel[(n * _ceil_div(t, BLOCK_T), h)](
         k,
         v,
         k_cache,
         v_cache,
         rows,
-        start if start is not None else rows,
+        start.contiguous() if start is not None else rows,
         *k.stride()[:2],
         *k_cache.stride()[:3],
         t,
