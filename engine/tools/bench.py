@@ -159,6 +159,10 @@ def hf_model(size: str, device: torch.device, dtype: torch.dtype = torch.float16
         bos_token_id=tok.eot,
         attn_implementation="sdpa",
     )
+    # seeded, as the engine's random weights are: Whisper's generate splits what it returns
+    # at any timestamp tokens the weights happen to emit, so its output's width varies
+    # with them (not its work)
+    torch.manual_seed(0)
     with torch.device(device):
         model = WhisperForConditionalGeneration._from_config(config, dtype=dtype).eval()
     model.generation_config = GenerationConfig(
@@ -183,7 +187,9 @@ def transformers_run(
     from transformers import GenerationMixin
 
     model, config = hf_model(size, device, dtype)
-    features = torch.randn(batch, config.num_mel_bins, N_FRAMES, device=device, dtype=dtype)
+    g = torch.Generator(device).manual_seed(0)
+    shape = (batch, config.num_mel_bins, N_FRAMES)
+    features = torch.randn(shape, generator=g, device=device, dtype=dtype)
     fixed = {"min_new_tokens": tokens, "max_new_tokens": tokens}
     if cache == "plain":
         tok = random_tokenizer(size)
