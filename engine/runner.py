@@ -1,10 +1,11 @@
 """Runs 30 s windows through the model over a pool of slots (`engine.slots`).
 
-Windows join between decode steps: their encoder batch runs, their cross-attention K/V are
-projected once into their slots, their prompts are prefilled; then they decode in the same
-steps as everyone else, and leave as soon as they finish. A batch of mixed lengths never waits
-for its longest member. `launch` queues decode steps without waiting for the GPU, so the caller
-admits new windows while they run; `collect` then reads back the windows that finished.
+Windows join between decode steps: their encoder batch runs, then one decoder pass over their
+prompts, which also projects their cross-attention K/V once into their slots; then they
+decode in the same steps as everyone else, and leave as soon as they finish. A batch of mixed
+lengths never waits for its longest member. `launch` queues decode steps without waiting for
+the GPU, so the caller admits new windows while they run; `collect` then reads back the
+windows that finished.
 
 On CUDA the encoder (per batch bucket), the prefill of admitted windows (per batch and
 prompt-width bucket) and the decode step (per live-count bucket; per key bucket too without

@@ -18,6 +18,7 @@ COLORS = {
     "engine bf16": "tab:purple",
     "transformers static": "tab:orange",
     "transformers dynamic": "tab:red",
+    "transformers plain": "tab:brown",
 }
 
 

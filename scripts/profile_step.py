@@ -5,12 +5,14 @@
    time includes the GPU work it queued (and admission no longer overlaps the launched steps);
 2. the steady state: every slot live, milliseconds per `Stream.step` (a horizon of decode
    steps and the look at which rows finished), timed with CUDA events;
-3. the kernels of the whole bench run, from the profiler (inside CUDA graphs too).
+3. the whole bench run under the profiler: the share of its span the GPU is busy (the rest it
+   waits for the host), and its kernel time by kind and by kernel (inside CUDA graphs too).
 
-    python scripts/profile_step.py --model tiny --batch 512
+    python scripts/profile_step.py --model tiny --batch 512 [--cross-kv fp8]
 """
 
 import argparse
+import re
 import time
 from collections import defaultdict
 
@@ -95,23 +97,62 @@ def steady_state(config: EngineConfig, batch: int, steps: int = 20) -> None:
     print("  per Stream.step (a horizon of decode steps on CUDA, then the look)")
 
 
-def kernels(config: EngineConfig, batch: int) -> None:
-    run = engine_run(config, 3 * batch, [100])
+# kernels by kind, first match wins (names as the profiler gives them, inside CUDA graphs too)
+KINDS = (
+    ("attention, Triton", r"split_kernel|combine_kernel"),
+    ("attention, cuDNN/flash", r"cudnn|fmha|flash|sdpa"),
+    ("greedy choice", r"greedy"),
+    ("cache writes", r"store_kernel"),
+    ("matrix products", r"gemm|nvjet|cutlass|cublas|xmma|wgmma"),
+    ("convolution", r"conv|implicit"),
+    ("layer norm", r"layer_norm"),
+    ("index, gather, copy", r"index|gather|scatter|copy|Copy|cat|Memcpy|Memset"),
+    ("element-wise", r"elementwise|vectorized|reduce|Reduce|unrolled"),
+)
+
+
+def gpu_time(config: EngineConfig, batch: int) -> None:
+    """The bench's run under the profiler: how much of its span the GPU is busy (the rest it
+    waits for the host), and its kernel time by kind and by kernel."""
+    run = engine_run(config, 3 * batch if batch > 1 else 1, [100])
     run()  # capture the graphs
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         run()
         torch.cuda.synchronize()
-    table = prof.key_averages().table(
-        sort_by="cuda_time_total", row_limit=25, max_name_column_width=70
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, start, end = 0.0, *spans[0]
+    for s, e in spans[1:]:  # the union of the kernels' intervals
+        if s > end:
+            busy, start = busy + end - start, s
+        end = max(end, e)
+    busy += end - start
+    span = end - spans[0][0]
+    by_kind: dict[str, float] = defaultdict(float)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        us = e.time_range.end - e.time_range.start
+        by_kind[next((k for k, pattern in KINDS if re.search(pattern, e.name)), "other")] += us
+        by_name[e.name][0] += 1
+        by_name[e.name][1] += us
+    windows = 3 * batch if batch > 1 else 1
+    total = sum(by_kind.values())
+    print(
+        f"GPU busy {busy / 1000:.1f} ms of a {span / 1000:.1f} ms span ({100 * busy / span:.0f}%); "
+        f"{len(kernels)} kernels, {total / 1000 / windows:.3f} ms of kernel time a window"
     )
-    print(table)
+    for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:24s} {us / 1000:9.1f} ms {100 * us / total:5.1f}%")
+    for name, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"  {n:7d} x {us / n:8.1f} us = {us / 1000:8.1f} ms  {name[:90]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--cross-kv", default="model", choices=("model", "fp8"))
     args = parser.parse_args()
     config = EngineConfig(
         model=f"random:{args.model}",
@@ -119,10 +160,11 @@ def main() -> None:
         dtype="fp16",
         slots=args.batch,
         encoder_batch=min(args.batch, 32),
+        cross_kv=args.cross_kv,
     )
     phase_times(config, args.batch)
     steady_state(config, args.batch)
-    kernels(config, args.batch)
+    gpu_time(config, args.batch)
 
 
 if __name__ == "__main__":
