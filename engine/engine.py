@@ -138,8 +138,9 @@ class Engine:
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
 
-    def runner(self) -> Runner:
-        """A fresh pool of `n_slots` slots, with its graphs still to capture."""
+    def runner(self, **schedule: int) -> Runner:
+        """A fresh pool of `n_slots` slots, with its graphs still to capture. schedule:
+        `horizon` and `lookahead` (default: the device's; `Runner`)."""
         return Runner(
             self.loaded,
             self.config.rules,
@@ -148,6 +149,7 @@ class Engine:
             self.graphs,
             self.triton,
             self.cross_dtype,
+            **schedule,
         )
 
     def shrink(self) -> bool:

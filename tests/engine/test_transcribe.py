@@ -272,3 +272,47 @@ def test_a_window_ended_for_repeating_itself_follows_the_fallback_rule(tiny_en, 
     assert len(transcribe(tiny_en, clip, unchecked).segments[0].tokens) == 40
     held = replace(looping, min_tokens=30)
     assert len(transcribe(tiny_en, clip, held).segments[0].tokens) == 30
+
+
+def test_a_runner_that_keeps_a_launch_queued_ahead_writes_the_same_results(
+    tiny_en, clips, long_clip
+):
+    """On CUDA the runner reads one launch while the next is queued (`LOOKAHEAD`): finished
+    rows idle a horizon more, the pool compacts and admits under queued steps, and the stale
+    rows of windows released, restarted or aborted since are left out. Run on the CPU with the
+    same schedule, every input's result is the one the plain schedule gives: a long input
+    (previous text), fallback after a repeating prompt, sampling, word timestamps, and an
+    input aborted while steps are queued."""
+    from engine.stream import Stream
+
+    ahead = Stream(tiny_en.engine)
+    ahead._runner = tiny_en.engine.runner(horizon=4, lookahead=1)
+    short = decode_audio(clips["en_jfk"].bytes)[:24000]
+    inputs = {
+        "long": (long_clip[0], TranscriptionOptions()),
+        "repeats": (short, TranscriptionOptions(initial_prompt="ha " * 333)),
+        "sampled": (clips["en_jfk"].bytes, TranscriptionOptions(temperature=(0.7,), seed=3)),
+        "words": (
+            clips["en_ljspeech_LJ050-0131"].bytes,
+            TranscriptionOptions(word_timestamps=True),
+        ),
+        "plain": (clips["en_librispeech_1272-128104-0000"].bytes, TranscriptionOptions()),
+    }
+    for owner, (item, options) in inputs.items():
+        ahead.submit(owner, ahead.prepare(item), options)
+    ahead.submit("aborted", ahead.prepare(long_clip[0]))
+    results = {f.owner: f.transcription for f in ahead.step()}
+    results.update((f.owner, f.transcription) for f in ahead.step())
+    assert ahead._runner._pending  # a launch is queued past the one read
+    assert ahead.abort("aborted")
+    while ahead.busy:
+        results.update((f.owner, f.transcription) for f in ahead.step())
+    assert sorted(results) == sorted(inputs)
+    for owner, (item, options) in inputs.items():
+        alone = transcribe(tiny_en, item, options)
+        got = results[owner]
+        assert [s.tokens for s in got.segments] == [s.tokens for s in alone.segments], owner
+        assert [s.temperature for s in got.segments] == [s.temperature for s in alone.segments]
+        assert got.words == alone.words
+    # and the pool is whole again
+    assert ahead._runner.n_live == 0 and ahead._runner.slots.free == tiny_en.engine.n_slots
