@@ -400,56 +400,22 @@ class SlotState:
         repeats = (same & (start + offsets[:periods] >= 0)).any(dim=-1)
         return repeats & (self.n_sampled[:n] >= self.min_tokens[:n])
 
-    def snapshot(self, n: int, also: Tensor | None = None) -> Snapshot:
-        """What the host reads of rows [:n] at this point of the GPU's work: queued as copies
-        into pinned memory on CUDA, so the GPU goes on with whatever is queued after them
-        (`Snapshot.rows` waits for the copies alone). also: rows to read whether finished or
-        not, shape = (n,), bool."""
-        cuda = self.token.is_cuda
-
-        def host(t: Tensor) -> Tensor:
-            if not cuda:
-                return t.clone()
-            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            return out.copy_(t, non_blocking=True)
-
-        snap = Snapshot(
-            finished=host(self.finished[:n]),
-            also=host(also) if also is not None else None,
-            n_sampled=host(self.n_sampled[:n]),
-            sampled=host(self.sampled[:n]),
-            sum_logprob=host(self.sum_logprob[:n]),
-            no_speech=host(self.no_speech[:n]),
-        )
-        if cuda:
-            snap.ready = torch.cuda.Event()
-            snap.ready.record()
-        return snap
-
-
-@dataclass
-class Snapshot:
-    """Rows' decode state as the host reads it (`SlotState.snapshot`)."""
-
-    finished: Tensor
-    also: Tensor | None
-    n_sampled: Tensor
-    sampled: Tensor
-    sum_logprob: Tensor
-    no_speech: Tensor
-    ready: torch.cuda.Event | None = None  # recorded after the copies, on CUDA
-
-    def rows(self, eot: int) -> list[FinishedRow]:
-        """Rows that finished, and those `also` marks (a row still decoding comes with its
-        tokens so far and `finished` False); waits for the copies."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        picked = self.finished if self.also is None else self.finished | self.also
+    def rows(self, n: int, eot: int, also: Tensor | None = None) -> list[FinishedRow]:
+        """Rows among [:n] that finished, and those `also` marks, read back (this waits for
+        the GPU): a row still decoding comes with its tokens so far and `finished` False."""
+        finished = self.finished[:n]
+        done = (finished if also is None else finished | also).nonzero()[:, 0]
+        if len(done) == 0:
+            return []
+        rows, counts = done.tolist(), self.n_sampled[done].tolist()
+        sampled, ended = self.sampled[done].tolist(), finished[done].tolist()
+        sums, no_speech = self.sum_logprob[done].tolist(), self.no_speech[done].tolist()
         out = []
-        for slot in picked.nonzero()[:, 0].tolist():
-            tokens = self.sampled[slot, : int(self.n_sampled[slot])].tolist()
+        for slot, row, count, total, ns, end in zip(
+            rows, sampled, counts, sums, no_speech, ended, strict=True
+        ):
+            tokens = row[:count]
             if eot in tokens:
                 tokens = tokens[: tokens.index(eot)]
-            total, no_speech = float(self.sum_logprob[slot]), float(self.no_speech[slot])
-            out.append(FinishedRow(slot, tokens, total, no_speech, bool(self.finished[slot])))
+            out.append(FinishedRow(slot, tokens, total, ns, end))
         return out

@@ -138,9 +138,8 @@ class Engine:
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
 
-    def runner(self, **schedule: int) -> Runner:
-        """A fresh pool of `n_slots` slots, with its graphs still to capture. schedule:
-        `horizon` and `lookahead` (default: the device's; `Runner`)."""
+    def runner(self) -> Runner:
+        """A fresh pool of `n_slots` slots, with its graphs still to capture."""
         return Runner(
             self.loaded,
             self.config.rules,
@@ -149,7 +148,6 @@ class Engine:
             self.graphs,
             self.triton,
             self.cross_dtype,
-            **schedule,
         )
 
     def shrink(self) -> bool:

@@ -18,20 +18,12 @@ filtered logits of the rows that sample; such a row then draws from noise of its
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from engine.decoding import (
-    DecodingRules,
-    Snapshot,
-    WindowResult,
-    WindowTask,
-    build_filters,
-    prompt_tokens,
-)
+from engine.decoding import DecodingRules, WindowResult, WindowTask, build_filters, prompt_tokens
 from engine.decoding import suppressed_tokens as model_suppressed
 from engine.kernels.greedy import GreedyRules
 from engine.loader import LoadedModel
@@ -47,10 +39,6 @@ from engine.slots import (
 )
 
 HORIZON = 4  # decode steps per look at which rows finished, on CUDA (the look syncs the host)
-# launches queued ahead of the one the host looks at, on CUDA: the GPU decodes the next horizon
-# while the host reads the last and admits, releases and compacts (it sat idle for that: 18% of
-# tiny's batch-512 run, 27% of its batch-1 one, H200 profile of 2026-12-02)
-LOOKAHEAD = 1
 # prompt widths a prefill is padded to on CUDA (then the longest prompt the rules allow): the
 # first window of an input has 1 to 4 tokens, later ones up to half the context of previous text
 PROMPT_BUCKETS = (4, 16, 64)
@@ -60,17 +48,6 @@ PROMPT_BUCKETS = (4, 16, 64)
 class LanguageGuess:
     language: str  # ISO 639-1 (or Whisper's own code)
     probability: float
-
-
-@dataclass(frozen=True)
-class _Launched:
-    """Decode steps queued on the GPU: the sequences in their rows then (a row is the same
-    sequence at the look only if it is still live and on the same attempt), and what the look
-    reads of those rows after the steps."""
-
-    live: list[Sequence | None]
-    attempts: list[int]
-    snapshot: Snapshot
 
 
 @dataclass(frozen=True)
@@ -93,16 +70,13 @@ class Runner:
         triton: bool,
         cross_dtype: torch.dtype | None = None,
         horizon: int | None = None,
-        lookahead: int | None = None,
     ):
         """graphs: capture CUDA graphs (CUDA only); triton: the Triton decode kernels.
         cross_dtype: of the cross-attention cache (default: the model's; torch.float8_e4m3fn
         halves the bytes each step reads).
         horizon: decode steps between looks at which rows finished (default: `HORIZON` on
         CUDA, 1 elsewhere). A row that ends inside the horizon idles until the look; fewer
-        looks keep the GPU fed without waiting on the host.
-        lookahead: launches kept queued past the one `collect` reads (default: `LOOKAHEAD` on
-        CUDA, 0 elsewhere); a finished row then idles one horizon more before it leaves."""
+        looks keep the GPU fed without waiting on the host."""
         self.m = loaded
         d, device, tok = loaded.dims, loaded.device, loaded.tokenizer
         if cross_dtype == torch.float8_e4m3fn and device.type == "cuda":
@@ -113,9 +87,6 @@ class Runner:
         text_ctx = key_bucket(self.max_prompt + self.sample_len, d.n_text_ctx)
         self.encoder_batch = encoder_batch
         self.horizon = horizon or (HORIZON if device.type == "cuda" else 1)
-        if lookahead is None:
-            lookahead = LOOKAHEAD if device.type == "cuda" else 0
-        self.lookahead = lookahead
         # Under graphs the self-attention reads a bucket of positions covering the furthest
         # live one; eagerly too on CUDA, so graph and eager runs compare on the same shapes.
         self.pad_to_buckets = device.type == "cuda"
@@ -153,8 +124,7 @@ class Runner:
         self._commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by rows
         self._encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # by size, width
-        self._pending: deque[_Launched] = deque()  # launches not yet collected, oldest first
-        self._launched_now = False  # the last `launch` queued steps
+        self._launched: int | None = None  # live rows the launched steps decode
 
     # --- bookkeeping -------------------------------------------------------------------------
 
@@ -174,19 +144,23 @@ class Runner:
         self.slots.release(slot)
 
     def release_where(self, owned: Callable[[Sequence], bool]) -> None:
-        """Release the slots of the sequences `owned` picks (an abort)."""
+        """Release the slots of the sequences `owned` picks (between steps: an abort)."""
+        self._between_steps("release slots")
         self.slots.release_where(owned)
 
     def compact(self) -> None:
-        """Move live sequences into the holes (queued behind any launched steps, which then
-        decode the rows where they were: `collect` finds each sequence where it is now)."""
+        self._between_steps("compact the pool")
         self.slots.compact()
 
     def reset(self) -> None:
         """Forget every sequence (after a failure): the pool is free again. Steps still
         running on the GPU come before whatever is queued next."""
-        self._pending.clear()
+        self._launched = None
         self.slots.clear()
+
+    def _between_steps(self, what: str) -> None:
+        if self._launched is not None:
+            raise RuntimeError(f"collect the launched steps before you {what}")
 
     def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
         """Capture `fn` into a graph sharing one memory pool.
@@ -243,8 +217,7 @@ class Runner:
         progress: (done, in all). Without graphs, nothing to do."""
         if not self.graphs:
             return 0
-        if self._pending:
-            raise RuntimeError("collect the launched steps before you capture")
+        self._between_steps("capture")
         sizes = sorted(
             {
                 bucket(n, ENCODER_BUCKETS, self.encoder_batch)
@@ -475,15 +448,13 @@ class Runner:
         """Queue decode steps (the horizon's, or one while a row samples) for every live
         sequence, without waiting for the GPU. Until `collect`, the caller may admit windows
         into free slots (`encode`, `start`): their work queues behind the steps, so the host
-        prepares it while the GPU decodes. At most `lookahead` launches may wait uncollected
-        before another."""
-        if len(self._pending) > self.lookahead:
-            raise RuntimeError("collect the launched steps before you launch more")
+        prepares it while the GPU decodes."""
+        self._between_steps("launch more")
         live = self.slots.live
         n = len(live)
-        self._launched_now = n > 0
         if n == 0:
             return
+        self._launched = n
         # On CUDA every step applies the timestamp rules, each row by its own flag (the fused
         # kernel skips their pass for a row without), and keeps the filtered logits of the rows
         # that sample: one graph serves every kind of row, a quarter as many to capture before
@@ -512,44 +483,32 @@ class Runner:
                 self._commit(b)
         last = self.slots.text_ctx - 1
         self.slots.next_position[:n] = [min(p + steps, last) for p in self.slots.next_position[:n]]
-        state = self.slots.state
-        checked = any(s is not None and s.task.max_compression_ratio is not None for s in live)
-        snapshot = state.snapshot(n, state.repeating(n) if checked else None)
-        attempts = [s.attempt if s is not None else -1 for s in live]
-        self._pending.append(_Launched(list(live), attempts, snapshot))
 
     @torch.inference_mode()
     def collect(self) -> list[DecodedWindow]:
-        """Read the oldest launch's rows once its steps are done (not what is queued after
-        them), unless no more than `lookahead` launches wait and the last one queued steps;
-        return the windows among them that finished, and those ended here because their text
-        so far already fails their compression check. Each comes with its slot now (the pool
-        may have compacted since); sequences released or restarted since are left out.
+        """Wait for the launched steps; return the windows among them that finished, and those
+        ended here because their text so far already fails their compression check.
 
         That check bounds the work of a window caught repeating itself (issue 12: a prompt of
         "ha " * 333 made every try decode 223 tokens of "ha"). It runs only at this look, where
         the host waits anyway, and only for rows whose last tokens repeat (`repeating`, on the
         device): the text so far, not the tail alone, must fail the threshold, as the whole
         window's text does in openai-whisper's rule once a repetition has taken it over."""
-        if not self._pending or (len(self._pending) <= self.lookahead and self._launched_now):
+        n, self._launched = self._launched, None
+        if n is None:
             return []
-        launched = self._pending.popleft()
-        rows = launched.snapshot.rows(self.tok.eot)
-        now = {id(s): slot for slot, s in enumerate(self.slots.live) if s is not None}
+        live, state = self.slots.live, self.slots.state
+        checked = any(s.task.max_compression_ratio is not None for s in live[:n])
         decoded, ended = [], []
-        for row in rows:
-            sequence = launched.live[row.slot]
-            slot = now.get(id(sequence))
-            if slot is None or sequence.attempt != launched.attempts[row.slot]:
-                continue  # released or restarted since the launch
+        for row in state.rows(n, self.tok.eot, state.repeating(n) if checked else None):
+            sequence = live[row.slot]
             result = WindowResult.of(row, sequence.task.temperature, self.tok)
             if not row.finished:
                 limit = sequence.task.max_compression_ratio
                 if limit is None or result.compression_ratio <= limit:
                     continue  # repeating, not (yet) too much: it decodes on
-                ended.append(slot)
-            decoded.append(DecodedWindow(slot, sequence, result))
+                ended.append(row.slot)
+            decoded.append(DecodedWindow(row.slot, sequence, result))
         if ended:  # like any finished row, it feeds end-of-text until it leaves its slot
-            state = self.slots.state
             state.finished[torch.tensor(ended, device=state.finished.device)] = True
         return decoded
