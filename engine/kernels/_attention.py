@@ -40,7 +40,11 @@ def split_kernel(
     stop = tl.minimum(start + CHUNK, end)
 
     dims = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + dims).to(tl.float32) * scale
+    # fp32 whatever `scale` arrives as: torch.compile passes a Python float as fp64, which
+    # would widen the scores and the running maximum with them
+    q = (tl.load(q_ptr + b * stride_qb + h * stride_qh + dims).to(tl.float32) * scale).to(
+        tl.float32
+    )
     k_row = k_ptr + b * stride_kb + h * stride_kh
     v_row = v_ptr + b * stride_vb + h * stride_vh
     m = -float("inf")
