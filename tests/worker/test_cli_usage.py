@@ -150,6 +150,10 @@ def test_redis_away_is_one_line_naming_it_without_its_password(command):
             "equal to 1",
         ),
         (
+            {"WHISPERFLEET_DEVICE": "bogus"},
+            "whisperfleet: WHISPERFLEET_DEVICE: Value error, expected auto, cpu, cuda or cuda:N",
+        ),
+        (
             {"WHISPERFLEET_WORKER_PROCESSES": "hunter2", "WHISPERFLEET_BATCH_SIZE": "x"},
             "whisperfleet: WHISPERFLEET_WORKER_PROCESSES: Input should be a valid integer, "
             "unable to parse string as an integer; WHISPERFLEET_BATCH_SIZE: Input should be a "

@@ -174,6 +174,17 @@ class Settings(BaseSettings):
                 )
         return self
 
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        """Checked here, before a worker starts loading a model onto it."""
+        name, _, index = value.partition(":")
+        if name not in ("auto", "cpu", "cuda") or (
+            index and (name != "cuda" or not index.isdigit())
+        ):
+            raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return value
+
     @field_validator("default_model")
     @classmethod
     def _known_default(cls, value: str, info) -> str:
