@@ -425,8 +425,7 @@ class Runner:
         """Replace the greedy choice of the sampling rows with a draw at their temperature, from
         their own noise: the step's other rows change nothing, and cost nothing."""
         device = self.m.device
-        rows = torch.tensor(sampling_rows, pin_memory=device.type == "cuda")
-        rows = rows.to(device, non_blocking=True)
+        rows = self._pinned(sampling_rows).to(device, non_blocking=True)
         state, logits = self.slots.state, self.logits[rows]
         keys, steps = state.sample_key[rows], state.n_sampled[rows]
         drawn = draw(logits, state.temperature[rows], keys, steps)

@@ -18,3 +18,7 @@ import importlib.util
 @functools.cache
 def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

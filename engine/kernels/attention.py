@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine.kernels import ceil_div
+
 # Settings measured on an H200 (scripts/tune_kernels.py, 2026-11-30): 256 positions per loop
 # iteration and 4 warps were best or within 2% of it for batches 1 to 512.
 BLOCK_N = 256  # positions per loop iteration
@@ -58,13 +60,9 @@ def torch_decode_attention(
     return out[:, :, 0]
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def n_splits(batch: int, n_head: int, n_keys: int, target: int, min_chunk: int) -> int:
     """How many parts each (row, head)'s positions are split into."""
-    want = _ceil_div(target, batch * n_head)
+    want = ceil_div(target, batch * n_head)
     return max(1, min(want, n_keys // min_chunk))
 
 
@@ -85,7 +83,7 @@ def triton_decode_attention(
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("the last dimension of q, k and v must be contiguous")
     splits = n_splits(b, h, n_keys, target_programs, min_chunk)
-    chunk = _ceil_div(_ceil_div(n_keys, splits), block_n) * block_n
+    chunk = ceil_div(ceil_div(n_keys, splits), block_n) * block_n
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
     partial = torch.empty(b, h, splits, d + 2, device=q.device, dtype=torch.float32)
     split_kernel[(b * h, splits)](

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from engine.kernels import ceil_div
+
 FP8_MAX = 448.0  # largest float8_e4m3fn; values past it are clamped, the cast would make NaN
 BLOCK_T = 64  # positions per program
 
@@ -71,8 +73,8 @@ def triton_store_kv(
         raise ValueError("the last dimension of k, v and the caches must be contiguous")
     if k.stride()[:2] != v.stride()[:2] or k_cache.stride() != v_cache.stride():
         raise ValueError("k and v, and their caches, must be laid out alike")
-    rows = rows.contiguous()
-    store_kernel[(n * _ceil_div(t, BLOCK_T), h)](
+    rows, t_blocks = rows.contiguous(), ceil_div(t, BLOCK_T)
+    store_kernel[(n * t_blocks, h)](
         k,
         v,
         k_cache,
@@ -82,14 +84,10 @@ def triton_store_kv(
         *k.stride()[:2],
         *k_cache.stride()[:3],
         t,
-        _ceil_div(t, BLOCK_T),
+        t_blocks,
         HAS_START=start is not None,
         FP8=k_cache.dtype == torch.float8_e4m3fn,
         D=d,
         BLOCK_T=BLOCK_T,
         num_warps=4,
     )
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
