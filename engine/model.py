@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.kernels.attention import decode_attention
+from engine.kernels.linear import fused_linear
 from engine.kernels.store import store_kv
 
 VOCAB_ALIGN = 64
@@ -255,35 +256,34 @@ class DecoderBlock(nn.Module):
         xa: Tensor | None = None,
         weights: CrossWeights | None = None,
     ) -> Tensor:
-        h = self.attn.n_head
-        q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
+        h, fast = self.attn.n_head, at.triton
+        q, k, v = fused_linear(x, self.attn.qkv, self.attn_ln, triton=fast).chunk(3, dim=-1)
         b, t, d = k.shape
         # this pass's keys and values go into each row's slot, at its own positions
         start = at.positions[:, 0] if at.mask is None else None
-        store_kv(k, v, cache.self_k[layer], cache.self_v[layer], at.slots, start, at.triton)
+        store_kv(k, v, cache.self_k[layer], cache.self_v[layer], at.slots, start, fast)
         if at.mask is None:  # a decode step: the cache holds the keys before this one
             keys = cache.self_k[layer, rows, :, : at.n_keys]
             values = cache.self_v[layer, rows, :, : at.n_keys]
             q = q.view(b, h, d // h)
-            a = decode_attention(q, keys, values, at.lengths, at.triton).view(b, 1, d)
-            x = x + self.attn.out(a)
-            q = self.cross_attn.q(self.cross_attn_ln(x)).view(b, h, d // h)
+            a = decode_attention(q, keys, values, at.lengths, fast).view(b, 1, d)
+            x = fused_linear(a, self.attn.out, residual=x, triton=fast)
+            q = fused_linear(x, self.cross_attn.q, self.cross_attn_ln, triton=fast)
             cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
-            a = decode_attention(q, cross_k, cross_v, triton=at.triton).view(b, 1, d)
+            a = decode_attention(q.view(b, h, d // h), cross_k, cross_v, triton=fast).view(b, 1, d)
         else:  # a prompt pass: its own keys are all there is
             a = F.scaled_dot_product_attention(
                 split_heads(q, h), split_heads(k, h), split_heads(v, h), attn_mask=at.mask
             )
-            x = x + self.attn.out(merge_heads(a))
-            q = split_heads(self.cross_attn.q(self.cross_attn_ln(x)), h)
+            x = fused_linear(merge_heads(a), self.attn.out, residual=x, triton=fast)
+            q = fused_linear(x, self.cross_attn.q, self.cross_attn_ln, triton=fast)
+            q = split_heads(q, h)
             if xa is None:
                 cross_k = cache.cross_k[layer, rows].to(q.dtype)
                 cross_v = cache.cross_v[layer, rows].to(q.dtype)
             else:  # a window's first pass projects its cross-attention K/V, kept for the rest
                 ck, cv = self.cross_attn.kv(xa).chunk(2, dim=-1)
-                store_kv(
-                    ck, cv, cache.cross_k[layer], cache.cross_v[layer], at.slots, None, at.triton
-                )
+                store_kv(ck, cv, cache.cross_k[layer], cache.cross_v[layer], at.slots, None, fast)
                 cross_k, cross_v = split_heads(ck, h), split_heads(cv, h)
             keep = weights.heads.get(layer) if weights else None
             if keep is None:
@@ -293,8 +293,9 @@ class DecoderBlock(nn.Module):
                 weights.qk.append(qk[:, keep])
                 a = qk.float().softmax(dim=-1).to(q.dtype) @ cross_v
             a = merge_heads(a)
-        x = x + self.cross_attn.out(a)
-        return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+        x = fused_linear(a, self.cross_attn.out, residual=x, triton=fast)
+        hidden = fused_linear(x, self.fc1, self.mlp_ln, gelu=True, triton=fast)
+        return fused_linear(hidden, self.fc2, residual=x, triton=fast)
 
 
 class TextDecoder(nn.Module):

@@ -19,8 +19,10 @@ import bisect
 import functools
 import itertools
 import operator
+import os
 import time
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 
 Progress = Callable[[float, float], None]  # (seconds done, seconds in all)
 _ORDER = operator.attrgetter("order")
+PREPARE_THREADS = 8  # threads `transcribe` decodes its inputs on, at most
 
 
 @dataclass(frozen=True)
@@ -107,11 +110,15 @@ class Streaming:
         progress: Callable[[int, float, float], None] | None = None,
     ) -> list[Transcription]:
         """Transcribe these inputs together, on an idle stream; progress: (input index,
-        seconds done, seconds in all). A failure leaves the stream idle and free."""
+        seconds done, seconds in all). A failure leaves the stream idle and free. The inputs
+        are decoded on up to PREPARE_THREADS threads (the audio decoder releases the GIL):
+        decoded one by one, 168 short clips took a third of the engine's time on an H200."""
         if self.busy:
             raise RuntimeError("transcribe() needs an idle stream; this one has inputs in it")
         options = self.check(options or TranscriptionOptions())
-        prepared = [self.prepare(item) for item in items]
+        threads = max(1, min(len(items), PREPARE_THREADS, os.cpu_count() or 1))
+        with ThreadPoolExecutor(threads, thread_name_prefix="prepare") as pool:
+            prepared = list(pool.map(self.prepare, items))
         for i, p in enumerate(prepared):
             self.submit(i, p, options, progress=progress and functools.partial(progress, i))
         results: dict[Hashable, Transcription] = {}

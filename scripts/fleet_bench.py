@@ -21,8 +21,8 @@ number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
 - ready: the worker's start to `/ready` on its metrics port. The first start of a run has an
   empty compile cache (`TRITON_CACHE_DIR`, fresh); every later one is a restart after a
   `kill -9` of the previous worker, whose engine core (and job processes) must then exit;
-- transformers: plain transformers (`WhisperProcessor` features, `generate` greedy, batches
-  of 16) on the same clips, RTFx (audio seconds per second; audio rows of real weights).
+- transformers: a transformers ASR pipeline (`scripts/rtfx_bench.py`: greedy, batches of 16)
+  on the same clips, RTFx (audio seconds per second; audio rows of real weights).
 
 Random-weight models (`random:*`) get 30 s spectrogram windows only, with their own mel bins.
 While the warm jobs run, the worker's metrics are scraped every half second: audio seconds per
@@ -63,6 +63,7 @@ from engine import Engine  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.tools.evaluate import read_manifest  # noqa: E402
+from scripts.rtfx_bench import pipeline_rtfx  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from worker.app import create_app  # noqa: E402
 from worker.contract.dispatch import dispatch  # noqa: E402
@@ -131,32 +132,6 @@ def engine_alone(stream, inputs: Inputs, runs: int) -> float:
         stream.transcribe(inputs.items)
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def transformers_rtfx(stream, clips: list[tuple[bytes, float]], batch: int = 16) -> float:
-    """Audio seconds per second of plain transformers on the clips the engine has (its
-    converted weights): the processor's features and `generate`, greedy, in batches."""
-    from transformers import WhisperForConditionalGeneration, WhisperProcessor
-
-    loaded = stream.engine.loaded
-    processor = WhisperProcessor.from_pretrained(loaded.path)
-    model = WhisperForConditionalGeneration.from_pretrained(loaded.path, dtype=loaded.dtype)
-    model = model.to(loaded.device).eval()
-    audio = [decode_audio(data) for data, _ in clips]
-
-    def run(part: list[np.ndarray]) -> None:
-        for i in range(0, len(part), batch):
-            features = processor(part[i : i + batch], sampling_rate=16000, return_tensors="pt")
-            ids = model.generate(features.input_features.to(loaded.device, loaded.dtype))
-            processor.batch_decode(ids, skip_special_tokens=True)
-
-    with torch.inference_mode():
-        run(audio[:batch])  # warm-up
-        start = time.perf_counter()
-        run(audio)
-        if loaded.device.type == "cuda":
-            torch.cuda.synchronize()
-    return sum(s for _, s in clips) / (time.perf_counter() - start)
 
 
 class Fleet:
@@ -513,7 +488,8 @@ def main() -> None:
         n_mels = stream.engine.loaded.dims.n_mels
         rtfx = None
         if args.transformers and not random_weights:
-            rtfx = transformers_rtfx(stream, clips)
+            audio = [decode_audio(data) for data, _ in clips]
+            rtfx, _ = pipeline_rtfx(stream.engine.loaded, audio, batch_size=16)
         fleet = Fleet(args, name, source, log_dir)
         try:
             kinds = ["spectrogram"] if random_weights else args.inputs.split(",")

@@ -4,6 +4,7 @@ Without a GPU the kernels run in Triton's interpreter (`TRITON_INTERPRET=1`, set
 kernels are first imported): slow, but the same source, indexing and masking.
 """
 
+import copy
 import os
 
 import pytest
@@ -19,6 +20,7 @@ from engine.kernels.attention import (  # noqa: E402
     triton_decode_attention,
 )
 from engine.kernels.greedy import GreedyRules  # noqa: E402
+from engine.kernels.linear import torch_linear, triton_linear  # noqa: E402
 from engine.kernels.store import torch_store_kv, triton_store_kv  # noqa: E402
 from engine.loader import random_tokenizer  # noqa: E402
 
@@ -114,6 +116,56 @@ def test_store_writes_each_rows_keys_and_values_where_torch_does(n, t, start, dt
     assert (
         (written.abs() <= 448).all() if dtype == torch.float8_e4m3fn else written.isfinite().all()
     )
+
+
+GPU_ONLY = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="Triton's interpreter multiplies bf16 wrongly"
+)
+
+
+@pytest.mark.parametrize(
+    "rows, k, n, dtype",
+    [
+        (1, 384, 1152, torch.float16),  # batch 1: tiny's qkv
+        (5, 384, 1536, torch.float16),  # the MLP's first layer
+        (16, 1536, 384, torch.float16),  # its second, over several blocks of inputs
+        (3, 200, 70, torch.float16),  # sizes no block divides
+        pytest.param(4, 512, 256, torch.bfloat16, marks=GPU_ONLY),
+    ],
+)
+@pytest.mark.parametrize(
+    "norm, gelu, residual",
+    [(True, False, False), (False, False, True), (True, True, False), (True, True, True)],
+)
+def test_fused_linear_matches_float64_reference(rows, k, n, dtype, norm, gelu, residual):
+    """`residual + gelu(linear(layer_norm(x)))` in one kernel, against the same in float64,
+    as close as torch's own unfused fp16 path is (each rounds its intermediates once more)."""
+    g = torch.Generator().manual_seed(rows * k + n)
+
+    def rand(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=g) * scale + shift).to(DEVICE, dtype)
+
+    linear = torch.nn.Linear(k, n).to(DEVICE, dtype).requires_grad_(False)
+    ln = torch.nn.LayerNorm(k).to(DEVICE, dtype).requires_grad_(False) if norm else None
+    if ln is not None:  # a layer norm far from the identity, over rows far from normal
+        ln.weight.copy_(rand(k, shift=1.0))
+        ln.bias.copy_(rand(k))
+    x = rand(rows, 1, k, scale=3.0, shift=1.0)
+    r = rand(rows, 1, n) if residual else None
+    wide = copy.deepcopy(ln).double() if ln is not None else None
+    ref = torch_linear(
+        x.double(),
+        linear.weight.double(),
+        linear.bias.double(),
+        wide,
+        gelu,
+        None if r is None else r.double(),
+    )
+    out = triton_linear(x, linear.weight, linear.bias, ln, gelu, r)
+    plain = torch_linear(x, linear.weight, linear.bias, ln, gelu, r)
+    assert out.dtype == dtype and out.shape == (rows, 1, n)
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref) < max(2 * relative_error(plain, ref), 1e-3)
 
 
 @pytest.fixture(scope="module")

@@ -203,6 +203,22 @@ def test_a_transcription_that_fails_midway_leaves_the_pool_free(tiny_en, clips, 
     assert "ask not what your country" in transcribe(tiny_en, clips["en_jfk"].bytes).text
 
 
+def test_inputs_decoded_on_several_threads_come_back_in_order_and_a_bad_one_fails_alone(
+    tiny_en, clips
+):
+    """`transcribe` decodes its inputs on a pool of threads: an undecodable one raises its own
+    error before any work starts, and the results keep the inputs' order."""
+    from engine import AudioError
+
+    jfk, libri = clips["en_jfk"].bytes, clips["en_librispeech_1272-128104-0000"].bytes
+    with pytest.raises(AudioError):
+        tiny_en.transcribe([jfk, b"not audio at all", libri])
+    assert not tiny_en.busy
+    texts = [t.text for t in tiny_en.transcribe([libri, jfk, libri])]
+    assert "ask not what your country" in texts[1]
+    assert texts[0] == texts[2] and "ask not" not in texts[0]
+
+
 def test_options_the_stream_has_no_room_for_are_refused_before_work(clips):
     from engine import DecodingRules
 
