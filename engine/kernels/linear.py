@@ -6,8 +6,15 @@ MLP's two. And cuBLAS's kernels for a handful of rows stream the weights at abou
 bandwidth (H200 profile of large-v3 at batch 1, 2026-12-02). The Triton kernel here computes
 `residual + act(layer_norm(x) @ W.T + b)` in one pass: each program normalises the rows it
 needs (their statistics first, from cache), streams its block of W once, and adds bias,
-activation and residual before its only write. Above `MAX_ROWS` rows cuBLAS's matrix products
-win and the torch path runs.
+activation and residual before its only write.
+
+Measured on an H200 (scripts/tune_kernels.py --linear, 2026-12-02), each against torch's
+unfused kernels: tiny's projections (384 wide) took 2.9-5.2 us instead of 4.7-8.0 at 1 to 32
+rows; large-v3's 1280 x 1280 output projections 4.5-5.0 us instead of 5.9-6.7. Its larger
+weights (1280 x 3840 to 5120 x 1280) streamed at 0.9-1.5 TB/s either way, cuBLAS ahead from 4
+rows (and for 5120 inputs from one), so weights above `MAX_WEIGHT` elements stay with cuBLAS,
+as do more than `MAX_ROWS` rows. Neither reads at the copy bandwidth (4.2 TB/s): a split over
+the inputs would.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from torch import Tensor, nn
 from engine.kernels import ceil_div
 
 MAX_ROWS = 16  # the Triton kernel for up to this many rows; one block of rows
+MAX_WEIGHT = 1 << 21  # and weights of up to this many elements
 BLOCK_N = 16  # outputs per program
 BLOCK_K = 256  # inputs per loop iteration
 WARPS = 4
@@ -37,13 +45,14 @@ def fused_linear(
 
     x: shape = (..., in_features); residual: shape = (..., out_features)
     gelu: apply erf GELU after the bias
-    triton: the fused kernel where it pays (on CUDA, fp16, up to MAX_ROWS rows). bf16 stays
-        on torch's path: through the kernel, tiny.en's bf16 WER on the dev clips moved 0.36
-        points from fp32's (lower, yet past the real-weight check's 0.3), and Triton's
-        interpreter cannot check bf16 products on CPUs
+    triton: the fused kernel where it pays (on CUDA, fp16, up to MAX_ROWS rows and MAX_WEIGHT
+        weights). bf16 stays on torch's path: through the kernel, tiny.en's bf16 WER on the
+        dev clips moved 0.36 points from fp32's (lower, yet past the real-weight check's
+        0.3), and Triton's interpreter cannot check bf16 products on CPUs
     """
     rows = x.numel() // x.shape[-1]
-    if triton and x.is_cuda and x.dtype == torch.float16 and rows <= MAX_ROWS:
+    small = rows <= MAX_ROWS and linear.weight.numel() <= MAX_WEIGHT
+    if triton and small and x.is_cuda and x.dtype == torch.float16:
         return triton_linear(x, linear.weight, linear.bias, norm, gelu, residual)
     return torch_linear(x, linear.weight, linear.bias, norm, gelu, residual)
 
