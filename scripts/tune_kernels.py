@@ -7,9 +7,10 @@ as achieved bandwidth. Then the encoder under each SDPA backend.
 
     python scripts/tune_kernels.py [--encoder | --mel | --linear]
 
-The fused linear (`engine.kernels.linear`): each decoder projection of tiny and large-v3 at
-1 to 32 rows, torch's unfused path (layer norm, product, GELU, residual add, as the engine
-ran them before) against the Triton kernel under each setting, as the weights' bandwidth.
+The fused linear (`engine.kernels.linear`): each decoder projection of large-v3 and the
+logits of tiny and large-v3 at 1 to 16 rows (the larger weights also split over their
+inputs): torch's unfused path (layer norm, product, GELU, residual add, as the engine ran
+them before) against the Triton kernel under each setting, as the weights' bandwidth.
 """
 
 import itertools
@@ -23,7 +24,7 @@ from triton.runtime.errors import OutOfResources
 
 from engine.inputs import audio_sources
 from engine.kernels.attention import torch_decode_attention, triton_decode_attention
-from engine.kernels.linear import torch_linear, triton_linear
+from engine.kernels.linear import SPLIT_FROM, torch_linear, triton_linear
 from engine.loader import load_model
 from engine.mel import N_FRAMES
 from engine.model import EncoderBlock, merge_heads, split_heads
@@ -96,37 +97,39 @@ def attention(batch: int, heads: int, dtype, n: int = 1500, lengths: bool = Fals
         print(f"  {ms * 1000:8.1f} us  {gbytes / ms:5.2f} TB/s  {name}")
 
 
-def linear(rows: int, k: int, n: int, norm: bool, gelu: bool, residual: bool) -> None:
+def linear(rows: int, k: int, n: int, norm: bool, gelu: bool, residual: bool, bias=True) -> None:
     dev, dtype = "cuda", torch.float16
     w = torch.randn(n, k, device=dev, dtype=dtype) / k**0.5
-    b = torch.randn(n, device=dev, dtype=dtype)
+    b = torch.randn(n, device=dev, dtype=dtype) if bias else None
     ln = torch.nn.LayerNorm(k).to(dev, dtype) if norm else None
     x = torch.randn(rows, 1, k, device=dev, dtype=dtype)
     r = torch.randn(rows, 1, n, device=dev, dtype=dtype) if residual else None
     gbytes = w.numel() * w.element_size() / 1e9
+    splits = (1, 2, 4, 8) if n * k > SPLIT_FROM else (1,)
     with torch.inference_mode():
-        wide = None if r is None else r.float()
-        ref = torch_linear(x.float(), w.float(), b.float(), ln and ln.float(), gelu, wide)
+        wide = [None if t is None else t.float() for t in (b, r)]
+        ref = torch_linear(x.float(), w.float(), wide[0], ln and ln.float(), gelu, wide[1])
         ln = ln and ln.half()
         timed = [("torch", graphed(lambda: torch_linear(x, w, b, ln, gelu, r)))]
-        for block_n, block_k, (warps, stages) in itertools.product(
-            (16, 32, 64), (128, 256, 512), ((4, 3), (4, 4), (8, 3))
+        for block_n, block_k, (warps, stages), split in itertools.product(
+            (16, 32, 64), (128, 256), ((4, 3), (8, 3)), splits
         ):
 
-            def fn(bn=block_n, bk=block_k, wa=warps, st=stages):
-                return triton_linear(x, w, b, ln, gelu, r, bn, bk, wa, st)
+            def fn(bn=block_n, bk=block_k, wa=warps, st=stages, sp=split):
+                return triton_linear(x, w, b, ln, gelu, r, bn, bk, wa, st, sp)
 
             try:
                 err = float((fn().float() - ref).norm() / ref.norm())
             except OutOfResources:  # more shared memory than the GPU has: not a setting
                 continue
-            if err > 1e-2:
-                print(f"  WRONG block_n={block_n} block_k={block_k} warps={warps}: {err:.1e}")
-                continue
             name = f"triton block_n={block_n} block_k={block_k} warps={warps} stages={stages}"
+            name += f" split={split}"
+            if err > 1e-2:
+                print(f"  WRONG {name}: {err:.1e}")
+                continue
             timed.append((name, graphed(fn)))
-    parts = "+".join(p for p, on in (("norm", norm), ("gelu", gelu), ("residual", residual)) if on)
-    print(f"linear rows={rows} {k}->{n} {parts}: {gbytes * 1000:.1f} MB of weights")
+    parts = [p for p, on in (("norm", norm), ("gelu", gelu), ("residual", residual)) if on]
+    print(f"linear rows={rows} {k}->{n} {'+'.join(parts)}: {gbytes * 1000:.1f} MB of weights")
     for name, ms in sorted(timed, key=lambda t: t[1])[:3] + [t for t in timed if t[0] == "torch"]:
         print(f"  {ms * 1000:8.1f} us  {gbytes / ms:5.2f} TB/s  {name}")
 
@@ -195,11 +198,13 @@ def main() -> None:
         return
     if "--linear" in sys.argv:
         print(f"copy bandwidth: {copy_bandwidth():.2f} TB/s")
-        for d, rows in itertools.product((384, 1280), (1, 4, 16, 32)):
-            linear(rows, d, 3 * d, True, False, False)  # qkv
-            linear(rows, d, d, False, False, True)  # an output projection
-            linear(rows, d, 4 * d, True, True, False)  # fc1
-            linear(rows, 4 * d, d, False, False, True)  # fc2
+        for d, rows in itertools.product((1280, 384), (1, 4, 16)):
+            if d == 1280:
+                linear(rows, d, 3 * d, True, False, False)  # qkv
+                linear(rows, d, d, False, False, True)  # an output projection
+                linear(rows, d, 4 * d, True, True, False)  # fc1
+                linear(rows, 4 * d, d, False, False, True)  # fc2
+            linear(rows, d, 51904, True, False, False, bias=False)  # the logits (padded vocab)
         return
     if "--encoder" in sys.argv:
         encoder("tiny", 32)

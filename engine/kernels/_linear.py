@@ -13,6 +13,8 @@ def linear_kernel(
     beta_ptr,
     r_ptr,
     y_ptr,
+    partial_ptr,
+    ticket_ptr,
     M,
     N,
     K,
@@ -20,6 +22,7 @@ def linear_kernel(
     stride_rm,
     stride_ym,
     eps,
+    k_chunk,
     NORM: tl.constexpr,
     BIAS: tl.constexpr,
     GELU: tl.constexpr,
@@ -27,6 +30,7 @@ def linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -48,7 +52,8 @@ def linear_kernel(
             spread += tl.sum(centred * centred, axis=1)
         rstd = 1.0 / tl.sqrt(spread / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    first = tl.program_id(2) * k_chunk  # this program's share of the inputs
+    for k0 in range(first, tl.minimum(first + k_chunk, K), BLOCK_K):
         k_in = k0 + ks < K
         x = tl.load(x_rows + k0 + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
         if NORM:
@@ -58,11 +63,77 @@ def linear_kernel(
             x = x.to(w_ptr.dtype.element_ty)
         w = tl.load(w_cols + k0 + ks[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
+    inside = row_in[:, None] & col_in[None, :]
+    if SPLIT > 1:  # each share into its own partial sums; the last program to finish adds
+        # them in a fixed order (the same sums whatever order the programs ran in)
+        share = rows[:, None] * N + cols[None, :]
+        tl.store(partial_ptr + tl.program_id(2) * BLOCK_M * N + share, acc, mask=inside)
+        tl.debug_barrier()  # every thread's share written before the arrival is counted
+        if tl.atomic_add(ticket_ptr + tl.program_id(0), 1) == SPLIT - 1:  # acq_rel
+            tl.debug_barrier()
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for part in tl.static_range(SPLIT):
+                acc += tl.load(
+                    partial_ptr + part * BLOCK_M * N + share,
+                    mask=inside,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+            tl.store(ticket_ptr + tl.program_id(0), 0)  # as found, for the next call
+            finish(
+                acc,
+                b_ptr,
+                r_ptr,
+                y_ptr,
+                rows,
+                cols,
+                col_in,
+                inside,
+                stride_rm,
+                stride_ym,
+                BIAS,
+                GELU,
+                RESIDUAL,
+            )
+    else:
+        finish(
+            acc,
+            b_ptr,
+            r_ptr,
+            y_ptr,
+            rows,
+            cols,
+            col_in,
+            inside,
+            stride_rm,
+            stride_ym,
+            BIAS,
+            GELU,
+            RESIDUAL,
+        )
+
+
+@triton.jit
+def finish(
+    acc,
+    b_ptr,
+    r_ptr,
+    y_ptr,
+    rows,
+    cols,
+    col_in,
+    inside,
+    stride_rm,
+    stride_ym,
+    BIAS: tl.constexpr,
+    GELU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    """Bias, activation and residual, then the only write of the outputs."""
     if BIAS:
         acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
     if GELU:  # erf GELU, as Whisper's
         acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
-    inside = row_in[:, None] & col_in[None, :]
     if RESIDUAL:
         r_rows = r_ptr + rows[:, None].to(tl.int64) * stride_rm
         acc += tl.load(r_rows + cols[None, :], mask=inside, other=0.0).to(tl.float32)

@@ -8,16 +8,23 @@ bandwidth (H200 profile of large-v3 at batch 1, 2026-12-02). The Triton kernel h
 needs (their statistics first, from cache), streams its block of W once, and adds bias,
 activation and residual before its only write.
 
+Products with more than `SPLIT_FROM` weights also split over their inputs: each program takes
+a share of them and writes its partial sums, and the last program of each block of outputs
+to arrive adds the shares in a fixed order (the same bits whatever order the programs ran in)
+and finishes the block.
+
 Measured on an H200 (scripts/tune_kernels.py --linear, 2026-12-02), each against torch's
-unfused kernels: tiny's projections (384 wide) took 2.9-5.2 us instead of 4.7-8.0 at 1 to 32
-rows; large-v3's 1280 x 1280 output projections 4.5-5.0 us instead of 5.9-6.7. Its larger
-weights (1280 x 3840 to 5120 x 1280) streamed at 0.9-1.5 TB/s either way, cuBLAS ahead from 4
-rows (and for 5120 inputs from one), so weights above `MAX_WEIGHT` elements stay with cuBLAS,
-as do more than `MAX_ROWS` rows. Neither reads at the copy bandwidth (4.2 TB/s): a split over
-the inputs would.
+unfused kernels at 1 to 16 rows: tiny's projections (384 wide) 2.9-5.0 us instead of 4.7-8.0;
+large-v3's output projections 4.5-4.9 us instead of 5.8-6.7, its second MLP layer (5120
+inputs) 6.0-6.2 instead of 8.7-8.9 at its best setting (32 outputs a program, 128 inputs an
+iteration, split 8 ways; the defaults below split it 3 ways and were not timed alone), its
+first MLP layer and qkv within a microsecond of cuBLAS either way. None streams its weights
+at the copy bandwidth (at best 2.2 TB/s of 4.15): see docs/benchmarks.md for what would.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +33,29 @@ from torch import Tensor, nn
 from engine.kernels import ceil_div
 
 MAX_ROWS = 16  # the Triton kernel for up to this many rows; one block of rows
-MAX_WEIGHT = 1 << 21  # and weights of up to this many elements
+SPLIT_FROM = 1 << 21  # weights of more elements than this are split over their inputs
 BLOCK_N = 16  # outputs per program
 BLOCK_K = 256  # inputs per loop iteration
 WARPS = 4
 STAGES = 3
+TARGET_PROGRAMS = 256  # split a product over its inputs until about this many programs run
+MAX_SPLIT = 8
+
+
+def splits(n_blocks: int, k: int, block_k: int) -> int:
+    """How many programs share each block of outputs: enough to fill the GPU with loads in
+    flight, each with at least two iterations of its loop."""
+    return max(1, min(TARGET_PROGRAMS // n_blocks, k // (2 * block_k), MAX_SPLIT))
+
+
+@functools.cache
+def _scratch(device: torch.device, n: int, n_blocks: int) -> tuple[Tensor, Tensor]:
+    """Partial sums (fp32, MAX_SPLIT x MAX_ROWS x n) and arrival counts (one per block of
+    outputs, zero between calls: each call's last program resets its own) for products split
+    over their inputs, one pair per device and width. Decoder passes on a device run one at a
+    time (on the stepping thread's CUDA stream), so no two calls share them at once."""
+    partial = torch.empty(MAX_SPLIT, MAX_ROWS, n, device=device, dtype=torch.float32)
+    return partial, torch.zeros(n_blocks, device=device, dtype=torch.int32)
 
 
 def fused_linear(
@@ -45,14 +70,13 @@ def fused_linear(
 
     x: shape = (..., in_features); residual: shape = (..., out_features)
     gelu: apply erf GELU after the bias
-    triton: the fused kernel where it pays (on CUDA, fp16, up to MAX_ROWS rows and MAX_WEIGHT
-        weights). bf16 stays on torch's path: through the kernel, tiny.en's bf16 WER on the
-        dev clips moved 0.36 points from fp32's (lower, yet past the real-weight check's
-        0.3), and Triton's interpreter cannot check bf16 products on CPUs
+    triton: the fused kernel where it pays (on CUDA, fp16, up to MAX_ROWS rows). bf16 stays
+        on torch's path: through the kernel, tiny.en's bf16 WER on the dev clips moved 0.36
+        points from fp32's (lower, yet past the real-weight check's 0.3), and Triton's
+        interpreter cannot check bf16 products on CPUs
     """
     rows = x.numel() // x.shape[-1]
-    small = rows <= MAX_ROWS and linear.weight.numel() <= MAX_WEIGHT
-    if triton and small and x.is_cuda and x.dtype == torch.float16:
+    if triton and rows <= MAX_ROWS and x.is_cuda and x.dtype == torch.float16:
         return triton_linear(x, linear.weight, linear.bias, norm, gelu, residual)
     return torch_linear(x, linear.weight, linear.bias, norm, gelu, residual)
 
@@ -84,7 +108,10 @@ def triton_linear(
     block_k: int = BLOCK_K,
     warps: int = WARPS,
     stages: int = STAGES,
+    split: int | None = None,
 ) -> Tensor:
+    """split: programs sharing each block of outputs, each over a part of the inputs (default:
+    enough for about TARGET_PROGRAMS programs)."""
     from engine.kernels._linear import linear_kernel
 
     n, k = weight.shape
@@ -100,7 +127,15 @@ def triton_linear(
     m = x2.shape[0]
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     weight = weight.contiguous()
-    linear_kernel[(ceil_div(n, block_n), ceil_div(m, MAX_ROWS))](
+    n_blocks = ceil_div(n, block_n)
+    if split is None:
+        split = splits(n_blocks, k, block_k) if m <= MAX_ROWS and n * k > SPLIT_FROM else 1
+    elif split > 1 and (m > MAX_ROWS or split > MAX_SPLIT):
+        raise ValueError(f"a split over the inputs takes {MAX_ROWS} rows and {MAX_SPLIT} shares")
+    k_chunk = ceil_div(ceil_div(k, split), block_k) * block_k
+    split = ceil_div(k, k_chunk)
+    partial, tickets = _scratch(x.device, n, n_blocks) if split > 1 else (y, y)
+    linear_kernel[(n_blocks, ceil_div(m, MAX_ROWS), split)](
         x2,
         weight,
         bias if bias is not None else weight,
@@ -108,6 +143,8 @@ def triton_linear(
         norm.bias if norm is not None else weight,
         r2 if r2 is not None else y,
         y,
+        partial,
+        tickets,
         m,
         n,
         k,
@@ -115,6 +152,7 @@ def triton_linear(
         r2.stride(0) if r2 is not None else 0,
         y.stride(0),
         norm.eps if norm is not None else 0.0,
+        k_chunk,
         NORM=norm is not None,
         BIAS=bias is not None,
         GELU=gelu,
@@ -122,6 +160,7 @@ def triton_linear(
         BLOCK_M=MAX_ROWS,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        SPLIT=split,
         num_warps=warps,
         num_stages=stages,
     )

@@ -15,12 +15,13 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from engine.decoding import DecodeState, build_filters, suppressed_tokens  # noqa: E402
+from engine.kernels import ceil_div  # noqa: E402
 from engine.kernels.attention import (  # noqa: E402
     torch_decode_attention,
     triton_decode_attention,
 )
 from engine.kernels.greedy import GreedyRules  # noqa: E402
-from engine.kernels.linear import torch_linear, triton_linear  # noqa: E402
+from engine.kernels.linear import BLOCK_N, _scratch, torch_linear, triton_linear  # noqa: E402
 from engine.kernels.store import torch_store_kv, triton_store_kv  # noqa: E402
 from engine.loader import random_tokenizer  # noqa: E402
 
@@ -166,6 +167,29 @@ def test_fused_linear_matches_float64_reference(rows, k, n, dtype, norm, gelu, r
     assert out.dtype == dtype and out.shape == (rows, 1, n)
     assert torch.isfinite(out).all()
     assert relative_error(out, ref) < max(2 * relative_error(plain, ref), 1e-3)
+
+
+@pytest.mark.parametrize("split", [2, 3, 5])
+def test_a_product_split_over_its_inputs_sums_the_shares_alike_every_call(split):
+    """Programs that each take a share of the inputs write partial sums; the last of each
+    block to arrive adds them in a fixed order and finishes it (bias, GELU, residual), then
+    resets its arrival count: every call starts clean and gives the same bits."""
+    g = torch.Generator().manual_seed(split)
+    rows, k, n = 3, 1200, 80
+    linear = torch.nn.Linear(k, n).to(DEVICE, torch.float16).requires_grad_(False)
+    ln = torch.nn.LayerNorm(k).to(DEVICE, torch.float16).requires_grad_(False)
+    x = torch.randn(rows, 1, k, generator=g).to(DEVICE, torch.float16)
+    r = torch.randn(rows, 1, n, generator=g).to(DEVICE, torch.float16)
+    wide = copy.deepcopy(ln).double()
+    ref = torch_linear(
+        x.double(), linear.weight.double(), linear.bias.double(), wide, True, r.double()
+    )
+    whole = triton_linear(x, linear.weight, linear.bias, ln, True, r, split=1)
+    shares = [triton_linear(x, linear.weight, linear.bias, ln, True, r, split=split) for _ in "ab"]
+    assert relative_error(shares[0], ref) < 1e-3
+    assert torch.allclose(shares[0], whole, rtol=2e-3, atol=2e-3)
+    assert torch.equal(shares[0], shares[1])
+    assert not _scratch(x.device, n, ceil_div(n, BLOCK_N))[1].any()
 
 
 @pytest.fixture(scope="module")
