@@ -8,7 +8,11 @@
 3. the whole bench run under the profiler: the share of its span the GPU is busy (the rest it
    waits for the host), and its kernel time by kind and by kernel (inside CUDA graphs too).
 
-    python scripts/profile_step.py --model tiny --batch 512 [--cross-kv fp8]
+    python scripts/profile_step.py --model tiny --batch 512 [--cross-kv fp8] [--compile]
+
+--compile: the encoder's and the decoder's forward through `torch.compile` (Inductor's fused
+kernels, no CUDA graphs of its own), compiled in each graph's warm-up run and captured in the
+engine's graphs as they are: issue #16's "torch.compile where it wins and keeps graphs".
 """
 
 import argparse
@@ -103,7 +107,7 @@ KINDS = (
     ("attention, cuDNN/flash", r"cudnn|fmha|flash|sdpa"),
     ("greedy choice", r"greedy"),
     ("cache writes", r"store_kernel"),
-    ("matrix products", r"gemm|nvjet|cutlass|cublas|xmma|wgmma"),
+    ("matrix products", r"gemm|nvjet|cutlass|cublas|xmma|wgmma|linear_kernel"),
     ("convolution", r"conv|implicit"),
     ("layer norm", r"layer_norm"),
     ("index, gather, copy", r"index|gather|scatter|copy|Copy|cat|Memcpy|Memset"),
@@ -153,7 +157,16 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--cross-kv", default="model", choices=("model", "fp8"))
+    parser.add_argument("--compile", action="store_true", help="the model via torch.compile")
     args = parser.parse_args()
+    if args.compile:
+        import torch._dynamo
+
+        from engine.model import AudioEncoder, TextDecoder
+
+        torch._dynamo.config.cache_size_limit = 1024  # a compile per captured shape
+        AudioEncoder.forward = torch.compile(AudioEncoder.forward, dynamic=False)
+        TextDecoder.forward = torch.compile(TextDecoder.forward, dynamic=False)
     config = EngineConfig(
         model=f"random:{args.model}",
         device="cuda",
