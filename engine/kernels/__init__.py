@@ -2,9 +2,11 @@
 
 A decode step reads little arithmetic and many bytes: the cross-attention K/V of every live
 window and the logits of every row. The kernels here read each of those once (the logits
-twice for rows that predict timestamps). Every kernel has a torch path that stays the
-reference (tests compare them, on the GPU and, with `TRITON_INTERPRET=1`, on the CPU) and the
-path used where Triton is not: on CPUs, or when an engine is configured with
+twice for rows that predict timestamps). At a few rows a step is many small kernels instead:
+there each projection takes its layer norm, GELU and residual add in (`linear`). Every
+kernel has a torch path that stays the reference (tests compare them, on the GPU and, with
+`TRITON_INTERPRET=1`, on the CPU) and the path used where Triton is not: on CPUs, or when an
+engine is configured with
 `kernels="torch"` (`engine.EngineConfig`). The choice is made once, when a stream opens, and
 passed down to each call (`triton=`), never read from the environment.
 """
