@@ -6,9 +6,9 @@ twice for rows that predict timestamps). At a few rows a step is many small kern
 there each projection takes its layer norm, GELU and residual add in (`linear`). Every
 kernel has a torch path that stays the reference (tests compare them, on the GPU and, with
 `TRITON_INTERPRET=1`, on the CPU) and the path used where Triton is not: on CPUs, or when an
-engine is configured with
-`kernels="torch"` (`engine.EngineConfig`). The choice is made once, when a stream opens, and
-passed down to each call (`triton=`), never read from the environment.
+engine is configured with `kernels="torch"` (`engine.EngineConfig`). The choice is made once,
+when a stream opens, and passed down to each call (`triton=`), never read from the
+environment.
 """
 
 from __future__ import annotations
