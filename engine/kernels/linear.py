@@ -49,7 +49,7 @@ def splits(n_blocks: int, k: int, block_k: int) -> int:
 
 
 @functools.cache
-def _scratch(device: torch.device, n: int, n_blocks: int) -> tuple[Tensor, Tensor]:
+def scratch(device: torch.device, n: int, n_blocks: int) -> tuple[Tensor, Tensor]:
     """Partial sums (fp32, MAX_SPLIT x MAX_ROWS x n) and arrival counts (one per block of
     outputs, zero between calls: each call's last program resets its own) for products split
     over their inputs, one pair per device and width. Decoder passes on a device run one at a
@@ -134,7 +134,7 @@ def triton_linear(
         raise ValueError(f"a split over the inputs takes {MAX_ROWS} rows and {MAX_SPLIT} shares")
     k_chunk = ceil_div(ceil_div(k, split), block_k) * block_k
     split = ceil_div(k, k_chunk)
-    partial, tickets = _scratch(x.device, n, n_blocks) if split > 1 else (y, y)
+    partial, tickets = scratch(x.device, n, n_blocks) if split > 1 else (y, y)
     linear_kernel[(n_blocks, ceil_div(m, MAX_ROWS), split)](
         x2,
         weight,

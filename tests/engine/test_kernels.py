@@ -21,7 +21,7 @@ from engine.kernels.attention import (  # noqa: E402
     triton_decode_attention,
 )
 from engine.kernels.greedy import GreedyRules  # noqa: E402
-from engine.kernels.linear import BLOCK_N, _scratch, torch_linear, triton_linear  # noqa: E402
+from engine.kernels.linear import BLOCK_N, scratch, torch_linear, triton_linear  # noqa: E402
 from engine.kernels.store import torch_store_kv, triton_store_kv  # noqa: E402
 from engine.loader import random_tokenizer  # noqa: E402
 
@@ -189,7 +189,7 @@ def test_a_product_split_over_its_inputs_sums_the_shares_alike_every_call(split)
     assert relative_error(shares[0], ref) < 1e-3
     assert torch.allclose(shares[0], whole, rtol=2e-3, atol=2e-3)
     assert torch.equal(shares[0], shares[1])
-    assert not _scratch(x.device, n, ceil_div(n, BLOCK_N))[1].any()
+    assert not scratch(x.device, n, ceil_div(n, BLOCK_N))[1].any()
 
 
 @pytest.fixture(scope="module")
