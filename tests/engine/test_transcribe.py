@@ -203,7 +203,7 @@ def test_a_transcription_that_fails_midway_leaves_the_pool_free(tiny_en, clips, 
     assert "ask not what your country" in transcribe(tiny_en, clips["en_jfk"].bytes).text
 
 
-def test_inputs_decoded_on_several_threads_come_back_in_order_and_a_bad_one_fails_alone(
+def test_inputs_decoded_on_several_threads_keep_their_order_and_a_bad_one_stops_the_call(
     tiny_en, clips
 ):
     """`transcribe` decodes its inputs on a pool of threads: an undecodable one raises its own
