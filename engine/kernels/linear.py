@@ -18,9 +18,10 @@ unfused kernels at 1 to 16 rows: tiny's projections (384 wide) 2.9-5.0 us instea
 large-v3's output projections 4.5-4.9 us instead of 5.8-6.7, its second MLP layer (5120
 inputs) 6.0-6.2 instead of 8.7-8.9 at its best setting (32 outputs a program, 128 inputs an
 iteration, split 8 ways; the defaults below split it 3 ways and were not timed alone), its
-first MLP layer and qkv within a microsecond of cuBLAS either way. Each call costs 2.9-4.4 us
-before its weights matter; beyond that, the split products stream them at up to the copy's
-rate (4.1 TB/s): at batch 1 the count of kernels, not their bandwidth, is what is left.
+first MLP layer and qkv within a microsecond of cuBLAS either way. Each call costs roughly
+2.9-4.4 us before its weights matter; beyond that, the split products stream them at up to
+about the copy's rate (an estimate from two sizes): at batch 1 the count of kernels more than
+their bandwidth is what is left.
 """
 
 from __future__ import annotations
