@@ -22,7 +22,8 @@ Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
   Triton kernel on CUDA (cuDNN for large fp16 batches of the cross-attention),
   `scaled_dot_product_attention` elsewhere;
 - a decoder pass over a few rows (batch-1 latency) runs each projection with its layer norm,
-  GELU and residual add in one Triton kernel (`engine.kernels.linear`).
+  GELU and residual add in one Triton kernel (`engine.kernels.linear`); the encoder makes
+  each residual add and the layer norm after it one kernel (`engine.kernels.norm`).
 
 The network knows nothing of requests, tokens' meaning or decoding policy.
 """
@@ -37,6 +38,7 @@ from torch import Tensor, nn
 
 from engine.kernels.attention import decode_attention
 from engine.kernels.linear import fused_linear
+from engine.kernels.norm import add_norm
 from engine.kernels.store import store_kv
 
 VOCAB_ALIGN = 64
@@ -160,12 +162,18 @@ class EncoderBlock(nn.Module):
         self.fc1 = nn.Linear(n_state, n_ff)
         self.fc2 = nn.Linear(n_ff, n_state)
 
-    def forward(self, x: Tensor) -> Tensor:
-        q, k, v = self.attn.qkv(self.attn_ln(x)).chunk(3, dim=-1)
-        h = self.attn.n_head
-        a = F.scaled_dot_product_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h))
-        x = x + self.attn.out(merge_heads(a))
-        return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+    def forward(
+        self, x: Tensor, h: Tensor, next_norm: nn.LayerNorm, triton: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """x: the residual stream; h: this block's attn_ln(x), made with x by whatever made x
+        (each residual add and the layer norm after it are one pass, `add_norm`)
+        returns: the stream after the block, and next_norm of it (the next block's attn_ln,
+            or the encoder's ln_post)"""
+        q, k, v = self.attn.qkv(h).chunk(3, dim=-1)
+        n = self.attn.n_head
+        a = F.scaled_dot_product_attention(split_heads(q, n), split_heads(k, n), split_heads(v, n))
+        x, h = add_norm(x, self.attn.out(merge_heads(a)), self.mlp_ln, triton)
+        return add_norm(x, self.fc2(F.gelu(self.fc1(h))), next_norm, triton)
 
 
 class AudioEncoder(nn.Module):
@@ -180,9 +188,10 @@ class AudioEncoder(nn.Module):
         )
         self.ln_post = nn.LayerNorm(d)
 
-    def forward(self, mel: Tensor) -> Tensor:
+    def forward(self, mel: Tensor, triton: bool = False) -> Tensor:
         """
         mel: shape = (batch, n_mels, 2 * n_audio_ctx), the log-mel spectrogram of 30 s windows
+        triton: each residual add and the layer norm after it in one Triton kernel
         returns: shape = (batch, n_audio_ctx, n_audio_state)
         """
         x = F.gelu(self.conv1(mel))
@@ -191,9 +200,11 @@ class AudioEncoder(nn.Module):
         # layer norm would copy it (a quarter of large-v3's encoder time, measured on an H200)
         x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
         x = x + self.positional_embedding
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_post(x)
+        h = self.blocks[0].attn_ln(x)
+        norms = [block.attn_ln for block in self.blocks[1:]] + [self.ln_post]
+        for block, next_norm in zip(self.blocks, norms, strict=True):
+            x, h = block(x, h, next_norm, triton)
+        return h
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ class Runner:
     # --- admission ---------------------------------------------------------------------------
 
     def _encode_into(self, n: int) -> None:
-        self.xa_out[:n] = self.m.model.encoder(self.mel_in[:n])
+        self.xa_out[:n] = self.m.model.encoder(self.mel_in[:n], self.triton)
 
     def _encoder_graph(self, size: int) -> torch.cuda.CUDAGraph:
         if size not in self._encoder_graphs:

@@ -1,33 +1,43 @@
-"""Time the decode-attention kernel's settings, the small-batch fused linear's, the encoder's
-attention backends and the log-mel on the GPU.
+"""Time the decode-attention kernel's settings, the fused linear's, the encoder and the
+log-mel on the GPU.
 
-For each shape: the bytes the cross-attention must read, the time of PyTorch's SDPA (whatever
-backend it picks) and of the Triton kernel under each setting (checked against SDPA first),
-as achieved bandwidth. Then the encoder under each SDPA backend.
+    python scripts/tune_kernels.py [--linear | --tiled | --encoder [--no-compile] | --compile
+        | --mel]
 
-    python scripts/tune_kernels.py [--encoder | --mel | --linear]
+Default: for each shape, the bytes the cross-attention must read, the time of PyTorch's SDPA
+(whatever backend it picks) and of the Triton kernel under each setting (checked against SDPA
+first), as achieved bandwidth.
 
-The fused linear (`engine.kernels.linear`): each decoder projection of large-v3 and the
-logits of tiny and large-v3 at 1 to 16 rows (the larger weights also split over their
+--linear: the fused linear (`engine.kernels.linear`) at 1 to 16 rows, each decoder projection
+of large-v3 and the logits of tiny and large-v3 (the larger weights also split over their
 inputs): torch's unfused path (layer norm, product, GELU, residual add, as the engine ran
 them before) against the Triton kernel under each setting, as the weights' bandwidth.
+
+--tiled: the same kernel over tiles of rows, for the encoder's four projections of tiny and
+large-v3 (16 windows, and one), against torch's unfused path, as the matrix rate.
+
+--encoder: the whole encoder from a CUDA graph: torch's kernels, the engine's Triton path
+(`triton=True`: each residual add and layer norm fused), and torch.compile (Inductor's
+fusion; not with --no-compile), with the kernels of one run.
+
+--compile: a decode step, eager and through torch.compile, with torch's kernels and Triton's.
 """
 
+import copy
 import itertools
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.runtime.errors import OutOfResources
 
 from engine.inputs import audio_sources
 from engine.kernels.attention import torch_decode_attention, triton_decode_attention
-from engine.kernels.linear import SPLIT_FROM, torch_linear, triton_linear
+from engine.kernels.linear import MAX_ROWS, SPLIT_FROM, Tile, torch_linear, triton_linear
 from engine.loader import load_model
 from engine.mel import N_FRAMES
-from engine.model import EncoderBlock, merge_heads, split_heads
+from engine.model import KVCache
 
 
 def bench(fn, repeat: int = 20) -> float:
@@ -116,7 +126,7 @@ def linear(rows: int, k: int, n: int, norm: bool, gelu: bool, residual: bool, bi
         ):
 
             def fn(bn=block_n, bk=block_k, wa=warps, st=stages, sp=split):
-                return triton_linear(x, w, b, ln, gelu, r, bn, bk, wa, st, sp)
+                return triton_linear(x, w, b, ln, gelu, r, Tile(MAX_ROWS, bn, bk, wa, st), sp)
 
             try:
                 err = float((fn().float() - ref).norm() / ref.norm())
@@ -134,47 +144,127 @@ def linear(rows: int, k: int, n: int, norm: bool, gelu: bool, residual: bool, bi
         print(f"  {ms * 1000:8.1f} us  {gbytes / ms:5.2f} TB/s  {name}")
 
 
-def split_qkv_forward(self, x):
-    """EncoderBlock.forward with q, k and v from three products, each contiguous."""
-    h, d = self.attn.n_head, x.shape[-1]
-    y = self.attn_ln(x)
-    w, b = self.attn.qkv.weight, self.attn.qkv.bias
-    q, k, v = (F.linear(y, w[i * d : (i + 1) * d], b[i * d : (i + 1) * d]) for i in range(3))
-    a = F.scaled_dot_product_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h))
-    x = x + self.attn.out(merge_heads(a))
-    return x + self.fc2(F.gelu(self.fc1(self.mlp_ln(x))))
+# settings of the tiled kernel to try: rows, outputs, inputs an iteration, warps, stages
+TILES = [
+    Tile(*t)
+    for t in (
+        (128, 128, 64, 8, 3),
+        (128, 128, 64, 4, 3),
+        (128, 128, 64, 8, 4),
+        (128, 256, 64, 8, 3),
+        (64, 128, 64, 4, 4),
+        (128, 64, 64, 4, 4),
+        (128, 128, 32, 4, 4),
+        (256, 128, 64, 8, 3),
+        (64, 256, 64, 8, 3),
+        (128, 256, 32, 8, 4),
+    )
+]
 
 
-def encoder(size: str, batch: int) -> None:
+def tiled(rows: int, k: int, n: int, norm: bool, gelu: bool, residual: bool, tiles) -> None:
+    """An encoder projection over `rows` rows: torch's unfused kernels (as the encoder ran
+    them) against the tiled kernel with its neighbours fused, under each setting; and the
+    layer norm left to torch before the kernel, to see what normalising in its loop costs."""
+    dev, dtype = "cuda", torch.float16
+    w = torch.randn(n, k, device=dev, dtype=dtype) / k**0.5
+    b = torch.randn(n, device=dev, dtype=dtype)
+    ln = torch.nn.LayerNorm(k).to(dev, dtype) if norm else None
+    x = torch.randn(rows, k, device=dev, dtype=dtype)
+    r = torch.randn(rows, n, device=dev, dtype=dtype) if residual else None
+    tflop = 2 * rows * n * k / 1e12
+    with torch.inference_mode():
+        wide = None if r is None else r.float()
+        ref = torch_linear(x.float(), w.float(), b.float(), ln and ln.float(), gelu, wide)
+        ln = ln and ln.half()
+        timed = [("torch", graphed(lambda: torch_linear(x, w, b, ln, gelu, r)))]
+        for tile in tiles:
+
+            def fn(t=tile, norm_first=False):
+                if norm_first:
+                    y = F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+                    return triton_linear(y, w, b, None, gelu, r, t)
+                return triton_linear(x, w, b, ln, gelu, r, t)
+
+            try:
+                err = float((fn().float() - ref).norm() / ref.norm())
+            except OutOfResources:
+                continue
+            if err > 1e-2:
+                print(f"  WRONG {tile}: {err:.1e}")
+                continue
+            timed.append((f"triton {tile}", graphed(fn)))
+            if norm and tile == tiles[0]:
+                timed.append((f"torch norm, triton {tile}", graphed(lambda: fn(norm_first=True))))
+    parts = [p for p, on in (("norm", norm), ("gelu", gelu), ("residual", residual)) if on]
+    print(f"tiled rows={rows} {k}->{n} {'+'.join(parts)}: {tflop * 1000:.1f} GFLOP")
+    best = sorted(timed, key=lambda t: t[1])[:4]
+    for name, ms in best + [t for t in timed if t not in best and "torch" in t[0]]:
+        print(f"  {ms * 1000:8.1f} us  {tflop / ms * 1000:6.1f} TFLOP/s  {name}")
+
+
+def encoder(size: str, batch: int, modes=()) -> None:
+    """The whole encoder, replayed from a CUDA graph as the engine runs it: torch's kernels,
+    the engine's Triton path (`triton=True`), and torch.compile in each of `modes` (Inductor's
+    own fusion, no CUDA graphs of its own), each against fp32 on the same weights."""
     m = load_model(f"random:{size}", device="cuda", dtype=torch.float16)
     mel = torch.randn(batch, m.dims.n_mels, N_FRAMES, device="cuda", dtype=torch.float16)
-    fused_forward = EncoderBlock.forward
+    enc = m.model.encoder
     with torch.inference_mode():
-        ref = m.model.encoder(mel).float()
-        for variant, backend in itertools.product(
-            ("fused qkv", "split qkv"),
-            (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION),
-        ):
-            EncoderBlock.forward = split_qkv_forward if variant == "split qkv" else fused_forward
-            try:
-                with sdpa_kernel(backend):
-                    out = m.model.encoder(mel).float()
-                    err = float((out - ref).norm() / ref.norm())
-                    ms = graphed(lambda: m.model.encoder(mel), calls=2)
-            except RuntimeError as e:
-                print(f"encoder {size} {variant} {backend.name}: {e}"[:200])
-                continue
-            finally:
-                EncoderBlock.forward = fused_forward
-            print(
-                f"encoder {size} b={batch} {variant} {backend.name}: {ms:.2f} ms "
-                f"({ms / batch:.3f} ms/window, rel. diff {err:.1e})"
-            )
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            m.model.encoder(mel)
+        ref = copy.deepcopy(enc).float()(mel.float()).double()
+        runs = [("torch", lambda: enc(mel)), ("triton", lambda: enc(mel, True))]
+        for mode in modes:
+            torch._dynamo.reset()
+            compiled = torch.compile(enc, mode=mode, dynamic=False)
+            start = time.perf_counter()
+            compiled(mel)
             torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
-    print("\n".join(line[:60] + line[-75:] for line in table.splitlines()))
+            secs = time.perf_counter() - start
+            runs.append(
+                (f"torch.compile {mode}, {secs:.0f} s to compile", lambda c=compiled: c(mel))
+            )
+        for name, fn in runs:
+            err = float((fn().double() - ref).norm() / ref.norm())
+            ms = graphed(fn, calls=2)
+            print(
+                f"encoder {size} b={batch} {name}: {ms:.2f} ms "
+                f"({ms / batch:.3f} ms/window, rel. diff from fp32 {err:.1e})"
+            )
+        for name, fn in runs[:2]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                fn()
+                torch.cuda.synchronize()
+            print(f"  {name}: the kernels of one run")
+            table = p.key_averages().table(sort_by="cuda_time_total", row_limit=10)
+            print("\n".join("  " + line[:50] + line[-75:] for line in table.splitlines()))
+
+
+def decode_step(size: str, batch: int) -> None:
+    """One decode step (every row one token, 100 keys) from a CUDA graph: eager with torch's
+    kernels and with the Triton ones, and each through torch.compile (default mode)."""
+    m = load_model(f"random:{size}", device="cuda", dtype=torch.float16)
+    cache = KVCache.allocate(m.dims, batch, "cuda", torch.float16, text_ctx=128)
+    tokens = torch.randint(0, 50000, (batch, 1), device="cuda")
+    positions = torch.full((batch, 1), 99, device="cuda")
+    decoder = m.model.decoder
+    with torch.inference_mode():
+        for triton in (False, True):
+
+            def step(fn=decoder, t=triton):
+                return fn(tokens, positions, slice(0, batch), cache, 128, t)
+
+            print(f"decode step {size} b={batch} triton={triton}: {graphed(step):.3f} ms eager")
+            torch._dynamo.reset()
+            compiled = torch.compile(decoder, dynamic=False)
+            start = time.perf_counter()
+            try:
+                step(compiled)
+            except Exception as e:  # noqa: BLE001 - a measurement: say what failed, go on
+                print(f"  torch.compile failed: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            secs = time.perf_counter() - start
+            ms = graphed(lambda c=compiled: step(c))
+            print(f"  torch.compile: {ms:.3f} ms ({secs:.0f} s to compile)")
 
 
 def log_mel(seconds: float, clips: int, n: int = 20) -> None:
@@ -206,9 +296,26 @@ def main() -> None:
                 linear(rows, 4 * d, d, False, False, True)  # fc2
             linear(rows, d, 51904, True, False, False, bias=False)  # the logits (padded vocab)
         return
+    if "--tiled" in sys.argv:
+        for d in (384, 1280):
+            for rows, tiles in ((1500 * 16, TILES), (1500, TILES[:1])):
+                tiled(rows, d, 3 * d, True, False, False, tiles)  # qkv
+                tiled(rows, d, d, False, False, True, tiles)  # the output projection
+                tiled(rows, d, 4 * d, True, True, False, tiles)  # fc1
+                tiled(rows, 4 * d, d, False, False, True, tiles)  # fc2
+        return
     if "--encoder" in sys.argv:
-        encoder("tiny", 32)
-        encoder("large-v3", 8)
+        compiled = () if "--no-compile" in sys.argv else ("default",)
+        encoder("tiny", 16, compiled)
+        encoder("large-v3", 16, compiled)
+        encoder("tiny", 1, compiled)
+        encoder("large-v3", 1)
+        if compiled:
+            encoder("tiny", 16, ("max-autotune-no-cudagraphs",))  # minutes of tuning
+        return
+    if "--compile" in sys.argv:
+        for size, batch in (("tiny", 1), ("tiny", 512), ("large-v3", 1)):
+            decode_step(size, batch)
         return
     print(f"copy bandwidth: {copy_bandwidth():.2f} TB/s")
     for batch, heads, dtype in (

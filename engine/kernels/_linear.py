@@ -64,12 +64,14 @@ def linear_kernel(
         w = tl.load(w_cols + k0 + ks[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
     inside = row_in[:, None] & col_in[None, :]
+    last = True  # this program finishes its block of outputs
     if SPLIT > 1:  # each share into its own partial sums; the last program to finish adds
         # them in a fixed order (the same sums whatever order the programs ran in)
         share = rows[:, None] * N + cols[None, :]
         tl.store(partial_ptr + tl.program_id(2) * BLOCK_M * N + share, acc, mask=inside)
         tl.debug_barrier()  # every thread's share written before the arrival is counted
-        if tl.atomic_add(ticket_ptr + tl.program_id(0), 1) == SPLIT - 1:  # acq_rel
+        last = tl.atomic_add(ticket_ptr + tl.program_id(0), 1) == SPLIT - 1  # acq_rel
+        if last:
             tl.debug_barrier()
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for part in tl.static_range(SPLIT):
@@ -80,62 +82,13 @@ def linear_kernel(
                     cache_modifier=".cg",
                 )
             tl.store(ticket_ptr + tl.program_id(0), 0)  # as found, for the next call
-            finish(
-                acc,
-                b_ptr,
-                r_ptr,
-                y_ptr,
-                rows,
-                cols,
-                col_in,
-                inside,
-                stride_rm,
-                stride_ym,
-                BIAS,
-                GELU,
-                RESIDUAL,
-            )
-    else:
-        finish(
-            acc,
-            b_ptr,
-            r_ptr,
-            y_ptr,
-            rows,
-            cols,
-            col_in,
-            inside,
-            stride_rm,
-            stride_ym,
-            BIAS,
-            GELU,
-            RESIDUAL,
-        )
-
-
-@triton.jit
-def finish(
-    acc,
-    b_ptr,
-    r_ptr,
-    y_ptr,
-    rows,
-    cols,
-    col_in,
-    inside,
-    stride_rm,
-    stride_ym,
-    BIAS: tl.constexpr,
-    GELU: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-):
-    """Bias, activation and residual, then the only write of the outputs."""
-    if BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
-    if GELU:  # erf GELU, as Whisper's
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
-    if RESIDUAL:
-        r_rows = r_ptr + rows[:, None].to(tl.int64) * stride_rm
-        acc += tl.load(r_rows + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-    y_rows = y_ptr + rows[:, None].to(tl.int64) * stride_ym
-    tl.store(y_rows + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=inside)
+    if last:  # bias, activation and residual, then the only write of the outputs
+        if BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+        if GELU:  # erf GELU, as Whisper's
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        if RESIDUAL:
+            r_rows = r_ptr + rows[:, None].to(tl.int64) * stride_rm
+            acc += tl.load(r_rows + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+        y_rows = y_ptr + rows[:, None].to(tl.int64) * stride_ym
+        tl.store(y_rows + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=inside)

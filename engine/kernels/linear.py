@@ -27,6 +27,7 @@ their bandwidth is what is left.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,12 +35,22 @@ from torch import Tensor, nn
 
 from engine.kernels import ceil_div
 
-MAX_ROWS = 16  # the Triton kernel for up to this many rows; one block of rows
-SPLIT_FROM = 1 << 21  # weights of more elements than this are split over their inputs
-BLOCK_N = 16  # outputs per program
-BLOCK_K = 256  # inputs per loop iteration
-WARPS = 4
-STAGES = 3
+
+@dataclass(frozen=True)
+class Tile:
+    """A launch setting: rows and outputs per program, inputs per loop iteration, warps, and
+    pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+MAX_ROWS = 16  # the engine's Triton path for up to this many rows: one block of rows
+STREAM = Tile(MAX_ROWS, 16, 256, 4, 3)  # the default setting there
+SPLIT_FROM = 1 << 21  # streamed weights of more elements than this are split over their inputs
 TARGET_PROGRAMS = 256  # split a product over its inputs until about this many programs run
 MAX_SPLIT = 8
 
@@ -72,10 +83,12 @@ def fused_linear(
 
     x: shape = (..., in_features); residual: shape = (..., out_features)
     gelu: apply erf GELU after the bias
-    triton: the fused kernel where it pays (on CUDA, fp16, up to MAX_ROWS rows). bf16 stays
-        on torch's path: through the kernel, tiny.en's bf16 WER on the dev clips moved 0.36
-        points from fp32's (lower, yet past the real-weight check's 0.3), and Triton's
-        interpreter cannot check bf16 products on CPUs
+    triton: the fused kernel where it pays (on CUDA, fp16, up to MAX_ROWS rows). More rows
+        stay on cuBLAS: over tiles of rows (the encoder's 1500 a window) the kernel ran its
+        products at 0.5-0.9 of cuBLAS's rate, more than the passes it saved (H200, 2026-12-02).
+        bf16 stays on torch's path: through the kernel, tiny.en's bf16 WER on the dev clips
+        moved 0.36 points from fp32's (lower, yet past the real-weight check's 0.3), and
+        Triton's interpreter cannot check bf16 products on CPUs
     """
     rows = x.numel() // x.shape[-1]
     if triton and rows <= MAX_ROWS and x.is_cuda and x.dtype == torch.float16:
@@ -106,14 +119,14 @@ def triton_linear(
     norm: nn.LayerNorm | None,
     gelu: bool,
     residual: Tensor | None,
-    block_n: int = BLOCK_N,
-    block_k: int = BLOCK_K,
-    warps: int = WARPS,
-    stages: int = STAGES,
+    tile: Tile | None = None,
     split: int | None = None,
 ) -> Tensor:
-    """split: programs sharing each block of outputs, each over a part of the inputs (default:
-    enough for about TARGET_PROGRAMS programs)."""
+    """tile: the launch setting (default STREAM; more rows than a tile's take more tiles,
+    each loading the weights again: scripts/tune_kernels.py --tiled measures such); split:
+    programs sharing each block of outputs, each over a part of the inputs (up to MAX_ROWS
+    rows only; default: enough for about TARGET_PROGRAMS programs where the weights have more
+    than SPLIT_FROM elements)."""
     from engine.kernels._linear import linear_kernel
 
     n, k = weight.shape
@@ -127,17 +140,21 @@ def triton_linear(
         if r2.stride(-1) != 1:
             r2 = r2.contiguous()
     m = x2.shape[0]
+    tile = tile or STREAM
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     weight = weight.contiguous()
-    n_blocks = ceil_div(n, block_n)
+    n_blocks = ceil_div(n, tile.block_n)
     if split is None:
-        split = splits(n_blocks, k, block_k) if m <= MAX_ROWS and n * k > SPLIT_FROM else 1
-    elif split > 1 and (m > MAX_ROWS or split > MAX_SPLIT):
-        raise ValueError(f"a split over the inputs takes {MAX_ROWS} rows and {MAX_SPLIT} shares")
-    k_chunk = ceil_div(ceil_div(k, split), block_k) * block_k
+        streamed = m <= MAX_ROWS and n * k > SPLIT_FROM
+        split = splits(n_blocks, k, tile.block_k) if streamed else 1
+    elif split > 1 and (m > tile.block_m or tile.block_m != MAX_ROWS or split > MAX_SPLIT):
+        raise ValueError(
+            f"a split over the inputs takes one block of {MAX_ROWS} rows and {MAX_SPLIT} shares"
+        )
+    k_chunk = ceil_div(ceil_div(k, split), tile.block_k) * tile.block_k
     split = ceil_div(k, k_chunk)
     partial, tickets = scratch(x.device, n, n_blocks) if split > 1 else (y, y)
-    linear_kernel[(n_blocks, ceil_div(m, MAX_ROWS), split)](
+    linear_kernel[(n_blocks, ceil_div(m, tile.block_m), split)](
         x2,
         weight,
         bias if bias is not None else weight,
@@ -159,11 +176,11 @@ def triton_linear(
         BIAS=bias is not None,
         GELU=gelu,
         RESIDUAL=r2 is not None,
-        BLOCK_M=MAX_ROWS,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
         SPLIT=split,
-        num_warps=warps,
-        num_stages=stages,
+        num_warps=tile.warps,
+        num_stages=tile.stages,
     )
     return y.view(*lead, n)

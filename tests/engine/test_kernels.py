@@ -21,7 +21,14 @@ from engine.kernels.attention import (  # noqa: E402
     triton_decode_attention,
 )
 from engine.kernels.greedy import GreedyRules  # noqa: E402
-from engine.kernels.linear import BLOCK_N, scratch, torch_linear, triton_linear  # noqa: E402
+from engine.kernels.linear import (  # noqa: E402
+    STREAM,
+    Tile,
+    scratch,
+    torch_linear,
+    triton_linear,
+)
+from engine.kernels.norm import torch_add_norm, triton_add_norm  # noqa: E402
 from engine.kernels.store import torch_store_kv, triton_store_kv  # noqa: E402
 from engine.loader import random_tokenizer  # noqa: E402
 
@@ -122,6 +129,9 @@ def test_store_writes_each_rows_keys_and_values_where_torch_does(n, t, start, dt
 GPU_ONLY = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="Triton's interpreter multiplies bf16 wrongly"
 )
+GPU_SIZE = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="a real window's size: minutes in the interpreter"
+)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +141,9 @@ GPU_ONLY = pytest.mark.skipif(
         (5, 384, 1536, torch.float16),  # the MLP's first layer
         (16, 1536, 384, torch.float16),  # its second, over several blocks of inputs
         (3, 200, 70, torch.float16),  # sizes no block divides
+        (150, 96, 160, torch.float16),  # tiles of rows (the encoder), none dividing them
         pytest.param(4, 512, 256, torch.bfloat16, marks=GPU_ONLY),
+        pytest.param(1500, 384, 1536, torch.float16, marks=GPU_SIZE),  # a tiny window's fc1
     ],
 )
 @pytest.mark.parametrize(
@@ -162,7 +174,9 @@ def test_fused_linear_matches_float64_reference(rows, k, n, dtype, norm, gelu, r
         gelu,
         None if r is None else r.double(),
     )
-    out = triton_linear(x, linear.weight, linear.bias, ln, gelu, r)
+    # on the CPU (Triton's interpreter) a smaller tile, so that rows span several
+    tile = Tile(64, 64, 32, 4, 2) if rows > 16 and not torch.cuda.is_available() else None
+    out = triton_linear(x, linear.weight, linear.bias, ln, gelu, r, tile)
     plain = torch_linear(x, linear.weight, linear.bias, ln, gelu, r)
     assert out.dtype == dtype and out.shape == (rows, 1, n)
     assert torch.isfinite(out).all()
@@ -189,7 +203,50 @@ def test_a_product_split_over_its_inputs_sums_the_shares_alike_every_call(split)
     assert relative_error(shares[0], ref) < 1e-3
     assert torch.allclose(shares[0], whole, rtol=2e-3, atol=2e-3)
     assert torch.equal(shares[0], shares[1])
-    assert not scratch(x.device, n, ceil_div(n, BLOCK_N))[1].any()
+    assert not scratch(x.device, n, ceil_div(n, STREAM.block_n))[1].any()
+
+
+@pytest.mark.parametrize(
+    "rows, d, dtype",
+    [(7, 384, torch.float16), (3, 1280, torch.float16), (5, 200, torch.float32)],
+)
+def test_add_norm_matches_torchs_add_then_layer_norm(rows, d, dtype):
+    """The sum as torch's add writes it (rounded to the dtype), bit for bit; its layer norm as
+    close to float64's as torch's own, over rows far from normal (a large mean, widths no
+    block divides)."""
+    g = torch.Generator().manual_seed(rows * d)
+
+    def rand(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=g) * scale + shift).to(DEVICE, dtype)
+
+    norm = torch.nn.LayerNorm(d).to(DEVICE, dtype).requires_grad_(False)
+    norm.weight.copy_(rand(d, shift=1.0))
+    norm.bias.copy_(rand(d))
+    x, y = rand(2, rows, d, scale=3.0, shift=5.0), rand(2, rows, d, scale=2.0)
+    s, h = triton_add_norm(x, y, norm)
+    plain_s, plain_h = torch_add_norm(x, y, norm)
+    _, ref = torch_add_norm(x.double(), y.double(), copy.deepcopy(norm).double())
+    assert s.dtype == h.dtype == dtype and h.shape == x.shape
+    assert torch.equal(s, plain_s)
+    assert relative_error(h, ref) < max(2 * relative_error(plain_h, ref), 1e-6)
+
+
+@GPU_SIZE
+def test_the_encoder_through_its_fused_kernels_is_as_close_to_fp32_as_torchs_fp16():
+    """The encoder with each residual add and layer norm fused (the engine on CUDA), against
+    the same random weights in fp32: no further from it than torch's fp16."""
+    from engine.loader import load_model
+    from engine.mel import N_FRAMES
+
+    loaded = load_model("random:tiny", device=DEVICE, dtype=torch.float16)
+    torch.manual_seed(0)
+    mel = torch.randn(2, loaded.dims.n_mels, N_FRAMES, device=DEVICE)
+    encoder = loaded.model.encoder
+    with torch.inference_mode():
+        fused, plain = encoder(mel.half(), triton=True), encoder(mel.half())
+        ref = copy.deepcopy(encoder).float()(mel).double()
+    assert torch.isfinite(fused).all()
+    assert relative_error(fused, ref) < max(2 * relative_error(plain, ref), 1e-3)
 
 
 @pytest.fixture(scope="module")
