@@ -84,8 +84,9 @@ def fused_linear(
     x: shape = (..., in_features); residual: shape = (..., out_features)
     gelu: apply erf GELU after the bias
     triton: the fused kernel where it pays (on CUDA, fp16, up to MAX_ROWS rows). More rows
-        stay on cuBLAS: over tiles of rows (the encoder's 1500 a window) the kernel ran its
-        products at 0.5-0.9 of cuBLAS's rate, more than the passes it saved (H200, 2026-12-02).
+        stay on cuBLAS: over tiles of rows the kernel made the encoder 1.6 (tiny) to 2.1
+        (large-v3) times slower, its products losing more than the passes it saved (H200,
+        2026-12-02).
         bf16 stays on torch's path: through the kernel, tiny.en's bf16 WER on the dev clips
         moved 0.36 points from fp32's (lower, yet past the real-weight check's 0.3), and
         Triton's interpreter cannot check bf16 products on CPUs

@@ -8,9 +8,9 @@ large-v3 batch at about 1.5 TB/s: with the GELU, 17 % of the encoder's time (H20
 writes the sum and its normalised copy, a row a program.
 
 Fusing these into the products instead (the tiled `engine.kernels.linear`: layer norm before,
-GELU or residual after, in the same kernel) was measured first and lost: Triton's tiles run
-the encoder's products at 0.5-0.9 of cuBLAS's rate, more than the passes they save
-(docs/benchmarks.md, "Engine speed, fourth round").
+GELU or residual after, in the same kernel) was measured first and lost: the encoder ran 1.6
+(tiny) to 2.1 (large-v3) times slower, Triton's tiles losing more to cuBLAS than the passes
+they save (docs/benchmarks.md, "Engine speed, fourth round").
 """
 
 from __future__ import annotations
