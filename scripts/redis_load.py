@@ -15,8 +15,8 @@ with Redis's `INFO commandstats` and the S3 server's request log:
 - jobs: `--jobs` jobs at once over REST, each polled every `--poll` seconds until it ends, then
   its result fetched; the commands of that run less the idle rate over its length, per job;
 - a poll: `GET /v1/jobs/{id}` alone, so that a client's own polling can be added as it polls;
-- one more job under `MONITOR`: each command in order with the process that sent it (API,
-  worker, engine core), written to --trace for the replay.
+- one more job under `MONITOR`: each command in order with whose it is (the API's, the
+  worker's, or run by a Lua script), written to --trace for the replay.
 
 replay: a fresh redis-server (no persistence, as the embedded one) and `--clients` processes,
 each replaying the traced job's own commands (`job_commands`) over one connection again and
@@ -119,17 +119,14 @@ def command_calls(client: redis.Redis) -> Counter:
 
 
 def roles(procs: dict[str, psutil.Process], redis_port: int) -> dict[int, str]:
-    """Each open connection to Redis by its local port -> which process holds it."""
+    """Each open connection to Redis by its local port -> whose it is: the process named, or
+    one it started (the worker's engine core and job processes count as the worker)."""
     found = {}
     for role, proc in procs.items():
-        family = [proc, *proc.children(recursive=True)]
-        for i, p in enumerate(family):
-            name = role if i == 0 else f"{role} child"
-            if "core" in " ".join(p.cmdline()):
-                name = "engine core"
+        for p in [proc, *proc.children(recursive=True)]:
             for c in p.net_connections(kind="tcp"):
                 if c.raddr and c.raddr.port == redis_port:
-                    found[c.laddr.port] = name
+                    found[c.laddr.port] = role
     return found
 
 
@@ -137,6 +134,14 @@ class Stack:
     """Redis, an S3 server that logs its requests, the API and a worker, on fresh ports."""
 
     def __init__(self, args: argparse.Namespace, logs: Path):
+        self.redis_proc = self.s3 = self.worker = self.api = None
+        try:
+            self._start(args, logs)
+        except BaseException:
+            self.close()  # nothing left running
+            raise
+
+    def _start(self, args: argparse.Namespace, logs: Path) -> None:
         self.redis_port, s3_port, self.api_port = free_port(), free_port(), free_port()
         metrics = free_port()
         self.settings = Settings(
@@ -148,7 +153,7 @@ class Stack:
         self.s3 = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-p", str(s3_port)],
             stdout=subprocess.DEVNULL,
-            stderr=open(self.s3_log, "w"),  # noqa: SIM115 - closed with the process
+            stderr=open(self.s3_log, "w"),
         )
         wait_for_port(s3_port, self.s3)
         self.redis = redis.Redis.from_url(self.settings.redis_url)
@@ -165,12 +170,12 @@ class Stack:
             [*cli, "worker"],
             env=env,
             stdout=open(logs / "worker.log", "w"),
-            stderr=subprocess.STDOUT,  # noqa: SIM115
+            stderr=subprocess.STDOUT,
         )
         self.api = subprocess.Popen(
             [*cli, "api", "--port", str(self.api_port)],
             env=env,
-            stdout=open(logs / "api.log", "w"),  # noqa: SIM115
+            stdout=open(logs / "api.log", "w"),
             stderr=subprocess.STDOUT,
         )
         wait_for_port(self.api_port, self.api)
