@@ -7,6 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import redis
+
+from worker.contract.jobs import JobInput, JobRecord, JobStore, new_job_id
 
 
 def test_gpus_all_with_no_gpu_visible_says_so():
@@ -24,7 +27,8 @@ def test_gpus_all_with_no_gpu_visible_says_so():
 
 def test_tenants_set_and_show_their_settings(settings):
     """`whisperfleet tenants set` changes some settings and keeps the others; `show` prints
-    them with the configuration's defaults filled in, and the webhook secret."""
+    them with the configuration's defaults filled in, and the webhook secret; `list` names
+    the tenants with settings, whatever jobs there are."""
     import json
 
     env = {**os.environ, "WHISPERFLEET_REDIS_URL": settings.redis_url}
@@ -45,6 +49,16 @@ def test_tenants_set_and_show_their_settings(settings):
     assert shown["sources"] == ["s3://archive/acme/"] and shown["jobs_per_minute"] == 5
     assert shown["jobs_in_flight"] == 7 and shown["webhook_secret"].startswith("whsec_")
     assert json.loads(cli("show", "acme").stdout) == shown
+    store = JobStore(redis.Redis.from_url(settings.redis_url))
+    for tenant in ("acme", "beta"):  # their job lists and sets are not tenants with settings
+        store.create(
+            JobRecord(
+                id=new_job_id(),
+                tenant=tenant,
+                model="tiny.en",
+                input=JobInput(kind="audio", bytes=1, format="wav"),
+            )
+        )
     assert cli("list").stdout.split() == ["acme"]
     back = json.loads(cli("set", "acme", "--default-sources").stdout)
     assert back["sources"] == [] and back["jobs_per_minute"] == 5

@@ -177,8 +177,11 @@ class Tenants:
         return updated
 
     def tenants(self) -> list[str]:
-        names = self.redis.scan_iter(match=self._tenant("*"), count=1000)
-        return sorted(n.decode().removeprefix(self._tenant("")) for n in names)
+        """The tenants given settings of their own (not the keys of their job lists and sets,
+        which the same pattern matches: a name has no ':')."""
+        keys = self.redis.scan_iter(match=self._tenant("*"), count=1000)
+        names = (k.decode().removeprefix(self._tenant("")) for k in keys)
+        return sorted(n for n in names if TENANT_NAME.fullmatch(n))
 
     def limits(self, tenant: str) -> Limits:
         raw = self.redis.get(self._tenant(tenant))
