@@ -41,7 +41,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 settings.redis_url,
                 socket_timeout=REDIS_TIMEOUT_S,
                 socket_connect_timeout=REDIS_TIMEOUT_S,
-            )
+            ),
+            retention_s=settings.job_retention_s,
         )
         app.state.tenants = Tenants(app.state.store.redis, settings)
         app.state.storage = Storage(settings)

@@ -13,6 +13,7 @@ import uuid
 import httpx
 import psutil
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.tools.wer import word_error_rate
@@ -64,13 +65,16 @@ def run_job(url: str, data: bytes, filename: str, timeout: float = 120.0, **fiel
     raise TimeoutError(f"job {job_id} still {job['status']} after {timeout} s")
 
 
-def test_a_real_clip_is_transcribed_through_the_queue(api_url, clips):
+def test_a_real_clip_is_transcribed_through_the_queue(api_url, clips, stack_env):
     url, _ = api_url
     clip = clips["en_jfk"]
     job = run_job(url, clip.bytes, "jfk.flac")
     assert job["status"] == "succeeded", job
     assert job["attempts"] == 1 and job["error"] is None
     assert job["progress"] == {"done_s": clip.duration, "total_s": clip.duration}
+    # its record stays WHISPERFLEET_JOB_RETENTION_S (30 days) from its end, then goes
+    client = redis.Redis.from_url(stack_env["WHISPERFLEET_REDIS_URL"])
+    assert 30 * 86400 - 120 < client.ttl(f"whisperfleet:job:{job['id']}") <= 30 * 86400
 
     result = httpx.get(f"{url}/v1/jobs/{job['id']}/result").json()
     assert result["language"] == "en" and result["model"] == "tiny.en"

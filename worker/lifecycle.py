@@ -69,7 +69,12 @@ def _start(**_: object) -> None:
         stored,
         settings.stale_after_s,
         settings.max_job_age_s,
-        OrphanSweeper(transcribe.storage, transcribe.store, settings.orphan_sweep_s),
+        OrphanSweeper(
+            transcribe.storage,
+            transcribe.store,
+            settings.orphan_sweep_s,
+            settings.record_lifetime_s,
+        ),
     )
     threading.Thread(
         target=reconciler.loop, args=(settings.reconcile_every_s, _stop), daemon=True

@@ -1,18 +1,22 @@
-"""Job inputs no record claims, deleted: a submission that failed halfway leaves nothing behind.
+"""What jobs leave behind without a record, deleted: their uploaded inputs and their entries in
+their tenants' lists.
 
 The API stores a submission's input, then writes its record; when the record cannot be written
 it deletes the input itself. When even that fails (storage away at that moment, or a put that
 storage finished after the API had given up on it), the object stays at
-`jobs/<tenant>/<id>/input` without a record `<id>`. The reconciling worker runs this sweeper
-every `ORPHAN_SWEEP_S`: an input found without a record at two sweeps in a row is deleted.
-Two looks, not the object's age: a submission's record follows its input within milliseconds,
-but S3 dates an object uploaded in parts from the start of a long upload.
+`jobs/<tenant>/<id>/input` without a record `<id>`. So does the input of every job whose record
+expired after its retention. The reconciling worker runs this sweeper every `ORPHAN_SWEEP_S`:
+an input found without a record at two sweeps in a row is deleted. Two looks, not the object's
+age: a submission's record follows its input within milliseconds, but S3 dates an object
+uploaded in parts from the start of a long upload. And the tenants' lists forget the jobs
+made longer ago than a record can live.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime, timedelta
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -23,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class OrphanSweeper:
-    def __init__(self, storage: Storage, store: JobStore, every_s: float):
+    def __init__(self, storage: Storage, store: JobStore, every_s: float, record_lifetime_s: float):
         self.storage, self.store, self.every_s = storage, store, every_s
+        self.record_lifetime_s = record_lifetime_s  # Settings.record_lifetime_s
         self.unclaimed: set[str] = set()  # inputs without a record at the last sweep
         self.next_at = 0.0
 
@@ -34,6 +39,9 @@ class OrphanSweeper:
         if time.monotonic() < self.next_at:
             return
         self.next_at = time.monotonic() + self.every_s
+        made_before = datetime.now(UTC) - timedelta(seconds=self.record_lifetime_s)
+        if forgotten := self.store.forget_listed(made_before):
+            log.info("orphan sweep: %d list entries of jobs made before %s", forgotten, made_before)
         try:
             if deleted := self.sweep():
                 log.info("orphan sweep: deleted %d inputs no job record claims", deleted)

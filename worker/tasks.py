@@ -68,7 +68,10 @@ class JobTask(Task):
 
     @cached_property
     def store(self) -> JobStore:
-        return JobStore(redis.Redis.from_url(get_settings().redis_url))
+        settings = get_settings()
+        return JobStore(
+            redis.Redis.from_url(settings.redis_url), retention_s=settings.job_retention_s
+        )
 
     @cached_property
     def leases(self) -> Leases:

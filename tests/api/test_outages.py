@@ -194,7 +194,7 @@ def test_storage_frozen_mid_submission_leaves_nothing_once_swept(settings, stora
     assert_unavailable(response, "object storage")
     store = JobStore(redis.Redis.from_url(settings.redis_url))
     assert store.redis.keys("whisperfleet:job:*") == []
-    sweeper = OrphanSweeper(Storage(settings), store, every_s=0)
+    sweeper = OrphanSweeper(Storage(settings), store, every_s=0, record_lifetime_s=3600)
     sweeper.sweep()
     sweeper.sweep()
     assert stored_keys(settings) == []

@@ -200,9 +200,15 @@ class JobStore:
     it and in the one that ends it, so each is counted once.
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = "whisperfleet"):
+    def __init__(
+        self, client: redis.Redis, prefix: str = "whisperfleet", retention_s: float | None = None
+    ):
+        """retention_s: how long a record stays once it ends (None: until deleted), set in the
+        transaction that ends it. A backfill's job is let go by its scanner instead, once it
+        wrote the job into the backfill's manifest."""
         self.redis = client
         self.prefix = prefix
+        self.retention_s = retention_s
         self.active, self.sent = f"{prefix}:active", f"{prefix}:sent"
 
     def _key(self, job_id: str) -> str:
@@ -259,6 +265,17 @@ class JobStore:
         """Let a terminal record go `after_s` from now (the tenant's list forgets it when it
         finds it gone); `client`: a pipeline to queue it on."""
         (client or self.redis).expire(self._key(job_id), max(1, int(after_s)))
+
+    def forget_listed(self, created_before: datetime) -> int:
+        """Drop every tenant list's entries of jobs created before `created_before`, by when
+        their records are gone (`Settings.record_lifetime_s`): a list is read newest first and
+        drops the gone records it meets, but a tenant that never reads its list would keep
+        an entry of every job it ever made. How many were dropped."""
+        older = f"({int(created_before.timestamp() * 1e6):017d}"
+        dropped = 0
+        for key in self.redis.scan_iter(match=self._listing("*"), count=1000):
+            dropped += self.redis.zremrangebylex(key, "-", older)
+        return dropped
 
     def _ended_mark(self, job_id: str) -> tuple[str, str]:
         """Where a backfill job's end is marked: its hash and field."""
@@ -369,9 +386,12 @@ class JobStore:
             before = JobRecord.model_validate_json(raw)
             updated = change(before)
             pipe.multi()
-            # a terminal record keeps the expiry its retention gave it
-            keep = before.status in TERMINAL and updated.status in TERMINAL
-            pipe.set(key, updated.model_dump_json(), keepttl=keep)
+            ends = updated.status in TERMINAL and before.status not in TERMINAL
+            if ends and self.retention_s and updated.backfill is None:
+                pipe.set(key, updated.model_dump_json(), ex=max(1, int(self.retention_s)))
+            else:  # a terminal record keeps the expiry its retention gave it
+                keep = before.status in TERMINAL and updated.status in TERMINAL
+                pipe.set(key, updated.model_dump_json(), keepttl=keep)
             if updated.status in TERMINAL:
                 pipe.zrem(self.active, job_id)
                 pipe.hdel(self.sent, job_id)

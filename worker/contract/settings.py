@@ -57,8 +57,12 @@ class Settings(BaseSettings):
     tenant_sources: Annotated[list[str], NoDecode] = Field(default_factory=list)
     tenant_jobs_per_minute: int = Field(600, gt=0)
     tenant_jobs_in_flight: int = Field(1000, gt=0)
-    # an Idempotency-Key is remembered this long; a cancelled job's record is kept this long
+    # an Idempotency-Key is remembered this long. A job's record is kept job_retention_s once
+    # it succeeded or failed, cancelled_retention_s once cancelled: then it is gone from GET
+    # and the list, and its uploaded input is deleted (worker.orphans); its result object
+    # stays (a lifecycle rule on the bucket bounds those)
     idempotency_ttl_s: float = Field(24 * 3600.0, gt=0)
+    job_retention_s: float = Field(30 * 24 * 3600.0, gt=0)
     cancelled_retention_s: float = Field(7 * 24 * 3600.0, gt=0)
     # browsers on these origins may call the API (none: CORS off)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -201,6 +205,17 @@ class Settings(BaseSettings):
         if source.startswith("random:"):
             return False
         return name.endswith(".en") or source.rstrip("/").endswith(".en")
+
+    @property
+    def record_lifetime_s(self) -> float:
+        """The longest a job's record stays: it ends by its age limit (and the reconciler's
+        next looks), then stays its longest retention. A backfill's job stays until its scanner
+        wrote it out, and backfill_job_retention_s after; a scanner stopped for longer than the
+        longest retention is not counted."""
+        retention = max(
+            self.job_retention_s, self.cancelled_retention_s, self.backfill_job_retention_s
+        )
+        return self.max_job_age_s + self.stale_after_s + 2 * self.reconcile_every_s + retention
 
     @property
     def redis_is_local(self) -> bool:
