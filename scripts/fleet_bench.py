@@ -8,6 +8,7 @@ through Redis, a real `whisperfleet worker` and S3 storage (moto's server), on o
     python scripts/fleet_bench.py --replot out.json --plot fleet.png
     python scripts/fleet_bench.py --restarts 3 --processes 1,4   # only the time to /ready
     python scripts/fleet_bench.py --restarts 2 --profile prof/   # and where a start goes
+    python scripts/fleet_bench.py --device cuda --gpus 0 --gpus all --kill ...   # scale-out
 
 For each model, input kind (audio files, or the same clips as .npy log-mel spectrograms) and
 number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
@@ -23,6 +24,15 @@ number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
   `kill -9` of the previous worker, whose engine core (and job processes) must then exit;
 - transformers: a transformers ASR pipeline (`scripts/rtfx_bench.py`: greedy, batches of 16)
   on the same clips, RTFx (audio seconds per second; audio rows of real weights).
+
+`--gpus SPEC` (repeatable: a row each) runs `whisperfleet worker --gpus SPEC` instead, a worker
+per GPU under one supervisor, all draining the same queues; the rows of one model, input and
+copies give the scale-out (audio seconds per second, all GPUs over the first spec's). With
+`--kill`, a row of two or more workers runs the warm jobs a third time and `kill -9`s the last
+GPU's worker (its engine core and job processes go with it) once half of them ended: the
+others take its jobs over by lease (the supervisor starts it again meanwhile), and the run
+must end as the calm one did: every job succeeded, none lost or stored twice (the bucket
+keeps versions), the same audio seconds and the same texts.
 
 Random-weight models (`random:*`) get 30 s spectrogram windows only, with their own mel bins.
 While the warm jobs run, the worker's metrics are scraped every half second: audio seconds per
@@ -48,6 +58,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from itertools import product
 from pathlib import Path
 
 import httpx
@@ -68,6 +79,7 @@ from tests.conftest import free_port  # noqa: E402
 from worker.app import create_app  # noqa: E402
 from worker.contract.dispatch import dispatch  # noqa: E402
 from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id  # noqa: E402
+from worker.contract.results import TranscriptResult  # noqa: E402
 from worker.contract.settings import Settings  # noqa: E402
 from worker.embedded import ensure_redis, ensure_storage  # noqa: E402
 from worker.engines import Engines  # noqa: E402
@@ -101,6 +113,8 @@ class Row:
     transformers_rtfx: float | None = None
     cores: dict[str, float] = field(default_factory=dict)  # CPU seconds per warm second
     timeline: list[dict] = field(default_factory=list)
+    gpus: str = ""  # `worker --gpus` (resolved: 0,1), or "" for one worker without it
+    kill: dict = field(default_factory=dict)  # the --kill run's outcome (`kill_run`)
 
     @property
     def warm_ratio(self) -> float:
@@ -135,12 +149,14 @@ def engine_alone(stream, inputs: Inputs, runs: int) -> float:
 
 
 class Fleet:
-    """Redis, moto's S3 server and one worker at a time, on fresh ports."""
+    """Redis, moto's S3 server and one worker at a time (or one supervisor of a worker per
+    GPU), on fresh ports."""
 
     def __init__(self, args: argparse.Namespace, model: str, source: str, log_dir: Path):
         self.args, self.model, self.log_dir = args, model, log_dir
         redis_port, s3_port = free_port(), free_port()
         self.processes = 1
+        self.gpus: list[str] = []  # `worker --gpus` these; none: a worker without it
         self.settings = Settings(
             redis_url=f"redis://127.0.0.1:{redis_port}/0",
             s3_endpoint_url=f"http://127.0.0.1:{s3_port}",
@@ -155,11 +171,15 @@ class Fleet:
             ensure_redis(self.settings, start=True),
             ensure_storage(self.settings, start=True),
         ]
-        # the worker's port, then one per job process: chosen with Redis and S3 listening
-        self.metrics_port = free_port(65)
+        # each worker's port, then one per job process: chosen with Redis and S3 listening
+        self.metrics_port = free_port(8 * 9)
         self.store = JobStore(redis.Redis.from_url(self.settings.redis_url))
         self.storage, self.app = Storage(self.settings), create_app(self.settings)
         self.storage.ensure_bucket()
+        if args.kill:  # a result stored twice shows as a second version
+            self.storage.client.put_bucket_versioning(
+                Bucket=self.storage.bucket, VersioningConfiguration={"Status": "Enabled"}
+            )
         self.env = {
             **os.environ,
             "WHISPERFLEET_REDIS_URL": self.settings.redis_url,
@@ -208,8 +228,9 @@ class Fleet:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda r: dispatch(self.app, self.store, r), records))
 
-    def wait(self, records: list[JobRecord], desc: str) -> tuple[float, int]:
-        """Until every job ends: when the last ended (time.time), how many succeeded."""
+    def wait(self, records: list[JobRecord], desc: str, midway=None) -> tuple[float, int]:
+        """Until every job ends: when the last ended (time.time), how many succeeded.
+        `midway()` is called once, when half of them ended."""
         pending, last, succeeded = {r.id for r in records}, 0.0, 0
         with tqdm(total=len(pending), desc=desc, unit="job", file=sys.stderr) as bar:
             while pending:
@@ -222,8 +243,20 @@ class Fleet:
                         bar.update()
                         succeeded += record.status is JobStatus.succeeded
                         last = max(last, record.finished_at.timestamp())
+                if midway is not None and len(pending) <= len(records) // 2:
+                    midway()
+                    midway = None
                 time.sleep(0.25)  # each job's end is its record's: polling adds no time
         return last, succeeded
+
+    def worker_ports(self) -> list[list[int]]:
+        """Each worker's metrics ports: its own, then one per job process (`worker --gpus`
+        gives the i-th GPU's worker the block after the (i-1)-th's)."""
+        each = self.processes + 1 if self.processes > 1 else 1
+        return [
+            list(range(self.metrics_port + i * each, self.metrics_port + (i + 1) * each))
+            for i in range(max(1, len(self.gpus)))
+        ]
 
     def start_worker(self) -> tuple[float, float]:
         """Start a worker; return when it started (time.time) and its seconds to `/ready`."""
@@ -231,6 +264,8 @@ class Fleet:
         log = open(self.log_dir / f"worker-{self.model}-{self.starts}.log", "w")  # noqa: SIM115
         started = time.time()
         cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", str(self.processes)]
+        if self.gpus:
+            cli += ["--gpus", ",".join(self.gpus)]
         if self.args.concurrency:  # else the worker's default
             each = -(-self.args.concurrency // self.processes)  # the jobs in flight, split
             cli += ["--concurrency", str(each)]
@@ -241,25 +276,33 @@ class Fleet:
         self.worker = subprocess.Popen(
             cli, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        url = f"http://127.0.0.1:{self.metrics_port}/ready"
-        while True:
+        self.wait_ready(log.name)
+        return started, time.time() - started
+
+    def wait_ready(self, log: str) -> None:
+        """Until every worker says `/ready` (each warm: its model loaded, graphs captured)."""
+        waiting = [ports[0] for ports in self.worker_ports()]
+        while waiting:
             if self.worker.poll() is not None:
-                raise SystemExit(f"the worker exited ({self.worker.returncode}): {log.name}")
+                raise SystemExit(f"the worker exited ({self.worker.returncode}): {log}")
             try:
-                if httpx.get(url, timeout=1).status_code == 200:
-                    return started, time.time() - started
+                if httpx.get(f"http://127.0.0.1:{waiting[0]}/ready", timeout=1).status_code == 200:
+                    waiting.pop(0)
+                    continue
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds spent so far by each part of the fleet on this machine: the worker
-        process, its engine core, its job processes, Redis, the S3 server, and this script
-        (which dispatches and polls)."""
+        processes (and a supervisor of them), their engine cores, their job processes, Redis,
+        the S3 server, and this script (which dispatches and polls)."""
         parts = {"worker": [], "core": [], "job processes": [], "redis": [], "storage": []}
-        worker = psutil.Process(self.worker.pid)
-        parts["worker"].append(worker)
-        for child in worker.children():
+        workers = [psutil.Process(self.worker.pid)]
+        if self.gpus:  # the supervisor, then a worker per GPU
+            workers += workers[0].children()
+        parts["worker"] += workers
+        for child in (c for w in workers for c in w.children() if c not in workers):
             cmdline = " ".join(child.cmdline())
             kind = "core" if "multiprocessing" in cmdline else "job processes"
             parts[kind].append(child)
@@ -286,23 +329,32 @@ class Fleet:
             os.killpg(self.worker.pid, signal.SIGKILL)
             self.worker = None
             return True
-        cores = psutil.Process(self.worker.pid).children(recursive=True)
+        worker = psutil.Process(self.worker.pid)
+        cores, supervised = worker.children(recursive=True), worker.children()
         os.kill(self.worker.pid, signal.SIGKILL)
         self.worker.wait()
         self.worker = None
+        if self.gpus:  # the supervisor's workers (in process groups of their own) go too
+            for proc in supervised:
+                proc.kill()
         gone, alive = psutil.wait_procs(cores, timeout=10)
         for proc in alive:
             proc.kill()
         return not alive
 
+    def kill_one(self) -> None:
+        """kill -9 the last GPU's worker, as a GPU fault would end it: its engine core and
+        job processes end with it, and the supervisor starts it again."""
+        workers = psutil.Process(self.worker.pid).children()
+        workers[-1].kill()
+
     def scrape(self) -> dict[str, float]:
-        """The worker's metrics, summed over its ports (with job processes: the engine's on
+        """The workers' metrics, summed over their ports (with job processes: the engine's on
         the first, each job process's on one after it)."""
-        ports = [self.metrics_port]
-        if self.processes > 1:
-            ports += [self.metrics_port + 1 + i for i in range(self.processes)]
         text = "\n".join(
-            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text for port in ports
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            for ports in self.worker_ports()
+            for port in ports
         )
         wanted = {
             "whisperfleet_audio_seconds_total": "audio_s",
@@ -373,7 +425,44 @@ def run_row(fleet: Fleet, row: Row, inputs: Inputs) -> None:
     stop.set()
     scraper.join()
     row.timeline = timeline(samples, start)
+    if fleet.args.kill and len(fleet.gpus) > 1:
+        row.kill = kill_run(fleet, row, inputs, calm=records)
     row.core_exited = fleet.kill_worker()
+
+
+def kill_run(fleet: Fleet, row: Row, inputs: Inputs, calm: list[JobRecord]) -> dict:
+    """The warm jobs once more, the last GPU's worker killed once half of them ended; the
+    outcome against the calm run's."""
+    records = fleet.upload(inputs)
+    start = time.time()
+    fleet.dispatch(records)
+    desc = f"{row.model} {row.kind} x{row.copies} kill -9"
+    last, succeeded = fleet.wait(records, desc, midway=fleet.kill_one)
+    before, after = [outcome(fleet, r) for r in calm], [outcome(fleet, r) for r in records]
+    return {
+        "s": last - start,
+        "succeeded": succeeded,
+        "lost": sum(text is None for text, _, _ in after),
+        "stored_twice": sum(stored > 1 for _, _, stored in before + after),
+        "audio_s": sum(audio for _, audio, _ in after),
+        "calm_audio_s": sum(audio for _, audio, _ in before),
+        "same_text": sum(
+            a[0] is not None and a[0] == b[0] for a, b in zip(before, after, strict=True)
+        ),
+    }
+
+
+def outcome(fleet: Fleet, record: JobRecord) -> tuple[str | None, float, int]:
+    """A job's stored text (None: it did not succeed, or nothing is stored), its audio
+    seconds, and how many times its result was stored."""
+    record = fleet.store.get(record.id)
+    versions = fleet.storage.client.list_object_versions(
+        Bucket=fleet.storage.bucket, Prefix=record.result_key
+    ).get("Versions", [])
+    if record.status is not JobStatus.succeeded or not versions:
+        return None, 0.0, len(versions)
+    result = TranscriptResult.model_validate_json(fleet.storage.get(record.result_key))
+    return result.text, result.duration, len(versions)
 
 
 def model_inputs(kind: str, clips, copies: int, n_mels: int, random_weights: bool) -> Inputs:
@@ -412,6 +501,7 @@ def plot(path: Path, rows: list[Row]) -> None:
         if not (points := spans(row.timeline)):
             continue
         label = f"{row.model} {row.kind} x{row.copies}, {row.processes} job process(es)"
+        label += f", GPUs {row.gpus}" if row.gpus else ""
         t = [p["t"] for p in points]
         top.plot(t, [p["audio_per_s"] for p in points], label=label, marker=".")
         bottom.plot(t, [p["busy"] for p in points], label=label, marker=".")
@@ -420,7 +510,7 @@ def plot(path: Path, rows: list[Row]) -> None:
     bottom.set_xlabel("seconds since the first dispatch (warm worker)")
     top.legend(fontsize=8)
     bottom.set_ylim(bottom=0)
-    top.set_title("one worker on the GPU, scraped from its metrics ports (2 s spans)")
+    top.set_title("the warm runs, scraped from the workers' metrics ports (2 s spans)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -445,6 +535,14 @@ def main() -> None:
     parser.add_argument("--transformers", action="store_true", help="RTFx of plain transformers")
     parser.add_argument(
         "--slot-memory-gb", type=float, help="each engine's slot cache (default: half the free)"
+    )
+    parser.add_argument(
+        "--gpus",
+        action="append",
+        help="`worker --gpus` this (0,1 or all), a row each; repeat it, e.g. --gpus 0 --gpus all",
+    )
+    parser.add_argument(
+        "--kill", action="store_true", help="with --gpus: a run that kill -9s one GPU's worker"
     )
     parser.add_argument("--plot", help="write a PNG of the warm runs' metrics here")
     parser.add_argument("--json", help="write every row here")
@@ -497,10 +595,12 @@ def main() -> None:
                 for copies in map(int, args.copies.split(",")):
                     inputs = model_inputs(kind, clips, copies, n_mels, random_weights)
                     engine_s = engine_alone(stream, inputs, args.engine_runs)
-                    for processes in map(int, args.processes.split(",")):
-                        fleet.processes = processes
+                    for processes, gpus in product(
+                        map(int, args.processes.split(",")), map(gpu_list, args.gpus or [""])
+                    ):
+                        fleet.processes, fleet.gpus = processes, gpus
                         row = Row(name, kind, copies, processes, len(inputs.items),
-                                  inputs.audio_s, engine_s)  # fmt: skip
+                                  inputs.audio_s, engine_s, gpus=",".join(gpus))  # fmt: skip
                         row.transformers_rtfx = rtfx if kind == "audio" else None
                         run_row(fleet, row, inputs)
                         rows.append(row)
@@ -512,8 +612,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     flight = args.concurrency or "the default"
-    print(f"\n{device}; one worker, {flight} jobs in flight; {len(clips)} clips\n")
+    shape = "a worker per GPU (--gpus)" if args.gpus else "one worker"
+    print(f"\n{device}; {shape}, {flight} jobs in flight each; {len(clips)} clips\n")
     print(table(rows))
+    if args.gpus:
+        print("\n" + scale_table(rows))
     print(f"\ncompile cache after the run: {sum(1 for _ in compile_cache.rglob('*'))} files")
     if args.plot:
         plot(Path(args.plot), rows)
@@ -521,6 +624,40 @@ def main() -> None:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     for cache in ("triton", "triton-engine"):
         shutil.rmtree(log_dir / cache, ignore_errors=True)
+
+
+def gpu_list(spec: str) -> list[str]:
+    """`--gpus` as the GPUs it names ("all": every GPU this process sees); "": none."""
+    if spec == "all":
+        return [str(i) for i in range(torch.cuda.device_count())]
+    return spec.split(",") if spec else []
+
+
+def scale_table(rows: list[Row]) -> str:
+    """Each `--gpus` row against the first of its model, input and copies: audio seconds per
+    second and their ratio; and the --kill run's outcome."""
+    lines = [
+        "| model | input | copies | GPUs | warm audio s/s | × the first | per GPU "
+        "| kill -9 run s | succeeded | lost | stored twice | audio s as calm | same text |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    first: dict[tuple, float] = {}
+    for r in rows:
+        rate = r.audio_s / r.warm_s
+        one = first.setdefault((r.model, r.kind, r.copies), rate)
+        n = len(r.gpus.split(",")) if r.gpus else 1
+        k = r.kill
+        killed = (
+            f"{k['s']:.1f} | {k['succeeded']}/{r.jobs} | {k['lost']} | {k['stored_twice']} "
+            f"| {abs(k['audio_s'] - k['calm_audio_s']) < 1e-6} | {k['same_text']}/{r.jobs}"
+            if k
+            else "— | — | — | — | — | —"
+        )
+        lines.append(
+            f"| {r.model} | {r.kind} | {r.copies} | {r.gpus or '—'} | {rate:.0f} "
+            f"| {rate / one:.2f} | {rate / one / n:.2f} | {killed} |"
+        )
+    return "\n".join(lines)
 
 
 def restarts(args: argparse.Namespace) -> None:
@@ -553,18 +690,18 @@ def table(rows: list[Row], header: bool = True) -> str:
     lines = []
     if header:
         lines += [
-            "| model | input | processes | jobs | audio s | engine s | warm s | warm ratio "
+            "| model | input | processes | GPUs | jobs | audio s | engine s | warm s | warm ratio "
             "| cold s | cold ratio | ready s | engine RTFx | transformers RTFx | ok "
             "| core exited | CPU cores busy while warm |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for r in rows:
         ready = f"{r.ready_s:.1f}" + (" (empty cache)" if r.first_start else "")
         hf = f"{r.transformers_rtfx:.0f}" if r.transformers_rtfx else "—"
         cores = ", ".join(f"{k} {v:.2f}" for k, v in r.cores.items())
         lines.append(
-            f"| {r.model} | {r.kind} | {r.processes} | {r.jobs} | {r.audio_s:.0f} "
-            f"| {r.engine_s:.2f} "
+            f"| {r.model} | {r.kind} | {r.processes} | {r.gpus or '—'} | {r.jobs} "
+            f"| {r.audio_s:.0f} | {r.engine_s:.2f} "
             f"| {r.warm_s:.2f} | {r.warm_ratio:.2f} | {r.cold_s:.2f} | {r.cold_ratio:.2f} "
             f"| {ready} | {r.audio_s / r.engine_s:.0f} | {hf} | {r.succeeded}/{r.jobs} "
             f"| {r.core_exited} | {cores} |"
