@@ -8,8 +8,9 @@ reconciler; one at a time (a lock in Redis) it looks at the active jobs not look
 a job whose result is stored ends `succeeded`; a job older than its age limit ends `expired`;
 a running job without a lease lost its worker and is queued again, for the quarantine lane
 (`worker.quarantine`); a queued job whose message is gone (see `JobStore`) gets a new one. So
-a dead worker's jobs are taken over within `ttl_s` + the reconcile interval, not after
-Redis's visibility timeout.
+a dead worker's jobs are taken over once they are stale (`stale_after_s`, and `ttl_s` since
+the lease's last renewal) and at the reconciler's next turn: about a minute by default, not
+after Redis's visibility timeout.
 """
 
 from __future__ import annotations
