@@ -92,6 +92,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.conftest import free_port  # noqa: E402
 from worker import s3_server  # noqa: E402
 from worker.contract.jobs import QUEUES  # noqa: E402
 
@@ -107,12 +108,6 @@ VARIANTS = {  # name: the backfill's extensions ("bound" also sets the queue bou
     "malformed": ["flac"],
     "bound": ["wav"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _answers(port: int) -> bool:

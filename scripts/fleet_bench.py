@@ -279,12 +279,15 @@ class Fleet:
         self.wait_ready(log.name)
         return started, time.time() - started
 
-    def wait_ready(self, log: str) -> None:
+    def wait_ready(self, log: str, timeout_s: float = 600) -> None:
         """Until every worker says `/ready` (each warm: its model loaded, graphs captured)."""
         waiting = [ports[0] for ports in self.worker_ports()]
+        deadline = time.monotonic() + timeout_s
         while waiting:
             if self.worker.poll() is not None:
                 raise SystemExit(f"the worker exited ({self.worker.returncode}): {log}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no /ready on port {waiting[0]} in {timeout_s:.0f} s: {log}")
             try:
                 if httpx.get(f"http://127.0.0.1:{waiting[0]}/ready", timeout=1).status_code == 200:
                     waiting.pop(0)

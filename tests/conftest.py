@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import time
@@ -64,13 +65,17 @@ def english_clips(clips) -> list[Clip]:
 
 
 def free_port(run: int = 1) -> int:
-    """A free port, with the `run - 1` after it free too."""
+    """A free port, with the `run - 1` after it free too, below the range the kernel hands out
+    to outgoing connections: the port is bound later, by another process, and a connection
+    made meanwhile (to Redis, to storage) must not take it first."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = random.randrange(10000, ephemeral - run)
         try:
-            for p in range(port + 1, port + run):
+            for p in range(port, port + run):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", p))
             return port
