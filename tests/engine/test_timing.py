@@ -103,8 +103,9 @@ def compared(tiny_en, english_clips):
 def test_the_words_are_transformers_words_at_nearly_the_same_times(compared):
     """transformers' `return_timestamps="word"` on the same weights and alignment heads: the
     same words; starts, and the ends of words inside a phrase, within 0.1 s on average and
-    0.3 s for 95% of words. A phrase's last word ends where the speech does here, and no
-    later than in transformers, whose path takes in part of the pause after it."""
+    0.3 s for 95% of words. A phrase's last word ends where the speech does here, as in
+    openai-whisper, and no later than in transformers, which merges the punctuation after it
+    with its time, the pause included (docs/accuracy.md)."""
     assert compared and all(r.same_words for r in compared), [(r.ours, r.theirs) for r in compared]
     gaps = pooled(compared)
     for kind in ("start", "end"):
