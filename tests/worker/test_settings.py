@@ -49,3 +49,23 @@ def test_one_length_limit_for_audio_and_spectrograms(monkeypatch):
     assert Settings().max_audio_s == 90.5
     with pytest.raises(ValidationError, match="greater than 0"):
         Settings(max_audio_s=0)
+
+
+def test_retentions_are_bounded_so_redis_takes_them(settings):
+    """A retention Redis would refuse would fail every job's end: refused at start instead;
+    the longest allowed is one Redis takes."""
+    import redis
+
+    from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, new_job_id
+    from worker.contract.settings import MAX_RETENTION_S
+
+    for name in ("job_retention_s", "cancelled_retention_s"):
+        with pytest.raises(ValidationError, match="less than or equal"):
+            Settings(**{name: 1e20})
+    store = JobStore(redis.Redis.from_url(settings.redis_url), retention_s=MAX_RETENTION_S)
+    job = JobRecord(
+        id=new_job_id(), model="tiny.en", input=JobInput(kind="audio", bytes=1, format="wav")
+    )
+    store.create(job)
+    store.transition(job.id, JobStatus.succeeded)
+    assert store.redis.ttl(f"whisperfleet:job:{job.id}") == MAX_RETENTION_S

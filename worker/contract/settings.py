@@ -21,6 +21,9 @@ CPU_CONCURRENCY = 32  # a worker's jobs in flight on the CPU
 # 256 in flight left half of tiny.en's slots empty on an H200 (docs/benchmarks.md).
 GPU_JOBS_IN_FLIGHT = 640
 FRAMES_PER_SECOND = 100  # log-mel frames a second of audio (Whisper's hop: 160 samples at 16 kHz)
+# A record's retention at most (ten years): Redis refuses an expiry past its own limit, and
+# every job's end would then fail
+MAX_RETENTION_S = 3650 * 24 * 3600.0
 
 
 def _default_cache_dir() -> Path:
@@ -62,8 +65,8 @@ class Settings(BaseSettings):
     # and the list, and its uploaded input is deleted (worker.orphans); its result object
     # stays (a lifecycle rule on the bucket bounds those)
     idempotency_ttl_s: float = Field(24 * 3600.0, gt=0)
-    job_retention_s: float = Field(30 * 24 * 3600.0, gt=0)
-    cancelled_retention_s: float = Field(7 * 24 * 3600.0, gt=0)
+    job_retention_s: float = Field(30 * 24 * 3600.0, gt=0, le=MAX_RETENTION_S)
+    cancelled_retention_s: float = Field(7 * 24 * 3600.0, gt=0, le=MAX_RETENTION_S)
     # browsers on these origins may call the API (none: CORS off)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # POST /v1/audio/transcriptions waits this long for its job, then answers 202 with it
