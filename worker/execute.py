@@ -8,7 +8,6 @@ stores after that, the run deletes)."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import redis
@@ -17,11 +16,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from engine import AudioError, InputTooLong, OptionsError, SpectrogramError
 from worker import metrics
 from worker.contract.formats import WRITERS
-from worker.contract.jobs import JobError, JobRecord, JobStatus, JobStore, Progress
+from worker.contract.jobs import JobError, JobRecord, JobStore
 from worker.contract.results import TranscriptResult
-from worker.core import Call, Cancelled, EngineCore, EngineFailed
+from worker.core import Cancelled, EngineCore, EngineFailed
 from worker.engines import UnknownModel
 from worker.failpoints import failpoint
+from worker.looks import Looks, cancelled
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ BAD_INPUT = {  # the first that matches: an input too long is invalid audio too
     OptionsError: "invalid_option",
     UnknownModel: "unknown_model",
 }
-PROGRESS_EVERY_S = 2.0  # a running job's progress is written this often (it is looked at more)
 
 
 class JobFailed(Exception):
@@ -66,11 +65,6 @@ class Stored:
     result_key: str | None = None  # where (deleted if the job turns out cancelled)
 
 
-def cancelled(record: JobRecord | None) -> bool:
-    """Whether this record (None: gone) says its job must stop and leave nothing behind."""
-    return record is None or record.status is JobStatus.cancelled
-
-
 def was_cancelled(store: JobStore, job_id: str) -> bool:
     """Whether the job was cancelled (or deleted), by one read; Redis away: not known, no."""
     try:
@@ -96,38 +90,26 @@ def stored_result(storage: Storage, record: JobRecord) -> Stored | None:
     return Stored(duration=duration, result_key=record.result_key)
 
 
-def execute(record: JobRecord, store: JobStore, storage: Storage, engines: EngineCore) -> Stored:
+def execute(
+    record: JobRecord, store: JobStore, storage: Storage, engines: EngineCore, looks: Looks
+) -> Stored:
     """Run a job that has started (its record `running`, its lease held); the task looked for
-    a result stored by an earlier run first (`stored_result`)."""
+    a result stored by an earlier run first (`stored_result`). While the engine has it, the
+    process's `looks` learn whether it was cancelled and record its progress."""
     failpoint("after_start")
-    written = time.monotonic()
-
-    def on_wait(call: Call) -> bool:
-        """Every half second while the engine has the job: whether it was cancelled (one
-        read), and every PROGRESS_EVERY_S its progress, written (the heartbeat thread renews
-        its lease). Redis being away does not stop the job."""
-        nonlocal written
-        try:
-            if time.monotonic() - written < PROGRESS_EVERY_S:
-                return cancelled(store.get(record.id))
-            written = time.monotonic()
-            progress = Progress(done_s=call.done_s, total_s=call.total_s)
-            return cancelled(store.set_progress(record.id, progress))
-        except redis.RedisError as e:
-            log.warning("job %s: progress not recorded (%s); still running", record.id, e)
-            return False
-
     try:
         bucket, key = record.input_location
         with metrics.stage("fetch", record.priority):
             data = storage.get(key, bucket)
-        result = engines.transcribe(
-            record.model,
-            data,
-            record.options,
-            urgent=record.priority == "interactive",
-            on_wait=on_wait,
-        )
+        with looks.running(record.id) as on_wait:
+            result = engines.transcribe(
+                record.model,
+                data,
+                record.options,
+                urgent=record.priority == "interactive",
+                on_wait=on_wait,
+                wait_s=looks.every_s,
+            )
     except Cancelled:
         raise JobCancelled(record.id) from None
     except ClientError as e:
@@ -143,7 +125,7 @@ def execute(record: JobRecord, store: JobStore, storage: Storage, engines: Engin
     except tuple(BAD_INPUT) as e:
         code = next(c for kind, c in BAD_INPUT.items() if isinstance(e, kind))
         raise JobFailed(code, str(e)) from e
-    if was_cancelled(store, record.id):  # in the last look's half second
+    if was_cancelled(store, record.id):  # since the last look
         raise JobCancelled(record.id)
     body = WRITERS["json"].render(result).encode()  # the json format is the stored object
     with metrics.stage("store", record.priority):

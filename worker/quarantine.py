@@ -109,24 +109,25 @@ def serve(conn: Connection, parent: int) -> None:
     """The quarantine process: run the jobs the worker sends, one at a time, with one slot."""
     from worker import logs
     from worker.core import EngineCore, InProcess, exit_with_core
+    from worker.looks import Looks
     from worker.storage import Storage
 
     threading.Thread(target=_watch, args=(parent,), daemon=True).start()
     settings = get_settings()
     logs.configure(settings.log_format)
     store = JobStore(redis.Redis.from_url(settings.redis_url))
-    storage = Storage(settings)
+    storage, looks = Storage(settings), Looks(store).start()
     # its core on this process's threads: a daemon process may have no children
     engines = EngineCore(settings, slots=1, on_exit=exit_with_core, context=InProcess)
     while True:
         try:
             job_id = conn.recv()
-            conn.send(_run(job_id, store, storage, engines))
+            conn.send(_run(job_id, store, storage, engines, looks))
         except (EOFError, OSError):  # the worker is gone: so is this process's purpose
             return
 
 
-def _run(job_id: str, store: JobStore, storage, engines) -> tuple:
+def _run(job_id: str, store: JobStore, storage, engines, looks) -> tuple:
     """One job, alone: its outcome as the worker reads it."""
     from worker.logs import current_job
 
@@ -135,7 +136,7 @@ def _run(job_id: str, store: JobStore, storage, engines) -> tuple:
         record = store.get(job_id)
         if record is None:
             raise JobFailed("not_found", "the job's record is gone")
-        return ("stored", execute(record, store, storage, engines).duration)
+        return ("stored", execute(record, store, storage, engines, looks).duration)
     except JobFailed as e:
         return ("failed", *e.args)
     except JobCancelled:

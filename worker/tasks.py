@@ -52,6 +52,7 @@ from worker.execute import (
 from worker.failpoints import failpoint
 from worker.leases import Leases, expired, poison
 from worker.logs import current_job
+from worker.looks import Looks
 from worker.metrics import JOB_STAGE, JOBS
 from worker.quarantine import Died, Quarantine, Unavailable
 from worker.storage import Storage
@@ -76,6 +77,10 @@ class JobTask(Task):
     @cached_property
     def leases(self) -> Leases:
         return Leases(self.store.redis, WORKER_ID, get_settings().lease_s)
+
+    @cached_property
+    def looks(self) -> Looks:
+        return Looks(self.store).start()
 
     @cached_property
     def storage(self) -> Storage:
@@ -271,6 +276,6 @@ def transcribe(self: JobTask, job_id: str) -> Stored | None:
     try:
         if record.quarantined:
             return self.run_quarantined(record)
-        return execute(record, self.store, self.storage, self.engines)
+        return execute(record, self.store, self.storage, self.engines, self.looks)
     except JobCancelled:
         return self.cancelled(record)

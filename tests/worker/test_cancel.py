@@ -17,13 +17,13 @@ from botocore.exceptions import ClientError
 from engine import TranscriptionOptions
 from tests.conftest import open_stream
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
-from worker import execute as execute_module
 from worker.batching import Batcher
 from worker.contract.jobs import JobInput, JobOptions, JobRecord, JobStatus, JobStore, new_job_id
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
 from worker.core import Cancelled
 from worker.execute import JobCancelled, Stored, execute
+from worker.looks import Looks
 from worker.storage import Storage
 from worker.tasks import transcribe
 
@@ -144,24 +144,30 @@ def exists(storage: Storage, key: str) -> bool:
     return True
 
 
-def test_the_wait_learns_of_the_cancel_and_leaves_the_record_as_it_is(job, monkeypatch):
-    """The cancelled record is not written again: it keeps the expiry the API gave it."""
+def test_the_wait_learns_of_the_cancel_and_leaves_the_record_as_it_is(job):
+    """The job's wait answers from the process's looks: its progress is written, then, once a
+    look found the job cancelled, the run stops; the cancelled record is not written again (it
+    keeps the expiry the API gave it)."""
     record, store, storage = job
-    monkeypatch.setattr(execute_module, "PROGRESS_EVERY_S", 0.0)  # every look writes progress
+    looks = Looks(store)  # looked at by hand, not by its thread
     answers = []
 
     def during(on_wait):
         ticket = SimpleNamespace(done_s=3.0, total_s=11.0)
         answers.append(on_wait(ticket))
+        looks.look(write_progress=True)
         assert store.get(record.id).progress.done_s == 3.0
         api_cancel(store, storage, record.id)
         store.expire(record.id, 600)
+        answers.append(on_wait(ticket))  # not looked at since
+        looks.look(write_progress=True)
         answers.extend(on_wait(ticket) for _ in range(2))
 
     with pytest.raises(JobCancelled):
-        execute(record, store, storage, Stub(during))
-    assert answers == [False, True, True]
+        execute(record, store, storage, Stub(during), looks)
+    assert answers == [False, False, True, True]
     assert store.get(record.id).status is JobStatus.cancelled
+    assert store.get(record.id).progress.done_s == 3.0
     assert 0 < store.redis.ttl(store._key(record.id)) <= 600
     assert not exists(storage, record.result_key)
 
@@ -171,7 +177,8 @@ def test_cancelled_in_its_last_moments_a_job_stores_nothing(job, monkeypatch):
     puts = []
     monkeypatch.setattr(Storage, "put_once", lambda self, *args: puts.append(args))
     with pytest.raises(JobCancelled):
-        execute(record, store, storage, Stub(lambda _: api_cancel(store, storage, record.id)))
+        cancel = Stub(lambda _: api_cancel(store, storage, record.id))
+        execute(record, store, storage, cancel, Looks(store))
     assert puts == []
 
 
@@ -189,7 +196,7 @@ def test_a_result_stored_after_the_api_deleted_the_jobs_objects_is_deleted(job, 
 
     monkeypatch.setattr(Storage, "put_once", put_after_a_cancel)
     with pytest.raises(JobCancelled):
-        execute(record, store, storage, Stub())
+        execute(record, store, storage, Stub(), Looks(store))
     assert not exists(storage, record.result_key)
     assert not exists(storage, record.input_key)
 

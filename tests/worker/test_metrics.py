@@ -14,6 +14,7 @@ from worker import metrics
 from worker.contract.jobs import JobInput, JobRecord, JobStore, new_job_id
 from worker.contract.settings import Settings
 from worker.execute import execute
+from worker.looks import Looks
 from worker.storage import Storage
 from worker.tasks import transcribe
 
@@ -79,7 +80,7 @@ def test_a_jobs_time_is_told_by_stage_and_the_engine_by_its_busy_seconds(
 
     monkeypatch.setitem(transcribe.__dict__, "store", store)
     running = transcribe.start(record)
-    execute(running, store, storage, engines)
+    execute(running, store, storage, engines, Looks(store))
     after = {s: samples(count, stage=s, priority="bulk") for s in stages}
     assert {s: after[s] - before[s] for s in stages} == dict.fromkeys(stages, 1.0)
     deadline = time.monotonic() + 5  # the engine core sends its metrics every second

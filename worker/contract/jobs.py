@@ -134,6 +134,22 @@ class JobRecord(BaseModel):
         return result_key(self.tenant, self.id)
 
 
+# KEYS: the active set, then records; ARGV: now, then (record as read, as it is to be, job id)
+# for each record: written, and its job's place among the active ones renewed, if unchanged
+_SET_PROGRESS = """
+local written = 0
+for i = 2, #KEYS do
+  local at = 3 * i - 4
+  if redis.call('get', KEYS[i]) == ARGV[at] then
+    redis.call('set', KEYS[i], ARGV[at + 1])
+    redis.call('zadd', KEYS[1], ARGV[1], ARGV[at + 2])
+    written = written + 1
+  end
+end
+return written
+"""
+
+
 def watched(client: redis.Redis, key: str, work):
     """A compare-and-set on `key`: `work(pipe)` reads (the pipeline is watching `key`), calls
     `pipe.multi()` and queues its writes, which then run only if nobody changed `key` in
@@ -179,6 +195,14 @@ class TransitionError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Read:
+    """A record as stored (the bytes a compare-and-set by value compares) and as parsed."""
+
+    raw: bytes
+    record: JobRecord
+
+
+@dataclass(frozen=True)
 class Page:
     records: list[JobRecord]
     cursor: str | None  # where the next page starts; None: this was the last
@@ -210,6 +234,7 @@ class JobStore:
         self.prefix = prefix
         self.retention_s = retention_s
         self.active, self.sent = f"{prefix}:active", f"{prefix}:sent"
+        self._set_progress = client.register_script(_SET_PROGRESS)
 
     def _key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
@@ -463,19 +488,25 @@ class JobStore:
 
         return self._update(job_id, change)
 
-    def set_progress(self, job_id: str, progress: Progress) -> JobRecord | None:
-        """Record how far a running job has come, and return its record (None: it is gone),
-        from which the job learns that it was cancelled. A record no longer running is not
-        written (a terminal one keeps the expiry its retention gave it)."""
-        seen: list[JobRecord] = []
+    def read_many(self, job_ids: list[str]) -> dict[str, Read | None]:
+        """The records of `job_ids` as stored and as parsed (None: gone), in one round trip."""
+        raws = self.redis.mget([self._key(i) for i in job_ids]) if job_ids else []
+        return {
+            job_id: Read(raw, JobRecord.model_validate_json(raw)) if raw is not None else None
+            for job_id, raw in zip(job_ids, raws, strict=True)
+        }
 
-        def change(record: JobRecord) -> JobRecord:
-            if record.status is not JobStatus.running:
-                seen.append(record)
-                raise TransitionError(f"job {job_id} is {record.status}")  # nothing written
-            return record.model_copy(update={"progress": progress})
-
-        try:
-            return self._update(job_id, change)
-        except TransitionError:  # not running, or gone
-            return seen[-1] if seen else None
+    def set_progress_many(self, seen: dict[str, Read], progress: dict[str, Progress]) -> int:
+        """Record how far running jobs have come, in one call: each job's record as `seen`
+        (`read_many`) with its progress replaced, written only where the record is still
+        those bytes (a compare-and-set by value), so a record that moved since it was read
+        (cancelled, ended, taken over) keeps its move. Returns how many were written."""
+        if not progress:
+            return 0
+        keys, args = [self.active], [time.time()]
+        for job_id, done in progress.items():
+            read = seen[job_id]
+            keys.append(self._key(job_id))
+            to_be = read.record.model_copy(update={"progress": done}).model_dump_json()
+            args += [read.raw, to_be, job_id]
+        return self._set_progress(keys=keys, args=args)
