@@ -46,7 +46,7 @@ class Looks:
         self._progress: dict[str, Progress | None] = {}  # running here: its last known progress
         self._cancelled: set[str] = set()  # of those, found cancelled or gone
         self._stop = threading.Event()
-        self._away = False  # Redis, at the last look
+        self._failing = False  # the last look failed
 
     @contextmanager
     def running(self, job_id: str) -> Iterator[Callable[[Call], bool]]:
@@ -100,13 +100,14 @@ class Looks:
             write = time.monotonic() - written >= self.progress_every_s
             try:
                 self.look(write_progress=write)
-            except redis.RedisError as e:
-                if not self._away:
-                    log.warning("running jobs not looked at (%s); they go on", e)
-                self._away = True
+            except Exception as e:  # noqa: BLE001 - Redis away (or a bug) stops no job
+                if not self._failing:
+                    bug = not isinstance(e, redis.RedisError)
+                    log.warning("running jobs not looked at (%s); they go on", e, exc_info=bug)
+                self._failing = True
                 continue
-            if self._away:
+            if self._failing:
                 log.info("running jobs looked at again")
-            self._away = False
+            self._failing = False
             if write:
                 written = time.monotonic()

@@ -127,3 +127,30 @@ def test_redis_away_stops_no_job_and_is_logged_once(caplog):
         looks.close()
     warnings = [r for r in caplog.records if "not looked at" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_a_look_that_fails_for_another_reason_does_not_end_the_looks(store, monkeypatch, caplog):
+    """A bug in one look is logged with its traceback, once; the next looks still see cancels."""
+    (job_id,) = running(store, 1)
+    read_many, calls = store.read_many, []
+
+    def fails_twice(job_ids):
+        calls.append(job_ids)
+        if len(calls) <= 2:
+            raise ValueError("a bad record")
+        return read_many(job_ids)
+
+    monkeypatch.setattr(store, "read_many", fails_twice)
+    looks = Looks(store, every_s=0.02).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="worker.looks"):
+            with looks.running(job_id) as on_wait:
+                store.transition(job_id, JobStatus.cancelled)
+                deadline = time.monotonic() + 5
+                while not on_wait(SimpleNamespace(done_s=0.0, total_s=None)):
+                    assert time.monotonic() < deadline, "the looks stopped after the failure"
+                    time.sleep(0.01)
+    finally:
+        looks.close()
+    failed = [r for r in caplog.records if "a bad record" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None
