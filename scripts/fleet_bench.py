@@ -39,7 +39,8 @@ While the warm jobs run, the worker's metrics are scraped every half second: aud
 second, the engine's busy fraction, queue wait and decode time per input; --plot draws them.
 And the CPU time each part spends (worker process, engine core, job processes, Redis, the S3
 server, this script) is divided by the warm seconds: a part near 1.0 that is one process (the
-S3 server, Redis) is what bounds the row.
+S3 server, Redis) is what bounds the row. Redis's own counts while warm (`INFO commandstats`,
+this script's polls left out) give its commands a job and a second, and the most clients.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from engine import Engine  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.tools.evaluate import read_manifest  # noqa: E402
+from scripts.redis_load import command_calls  # noqa: E402
 from scripts.rtfx_bench import pipeline_rtfx  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from worker.app import create_app  # noqa: E402
@@ -115,6 +117,7 @@ class Row:
     timeline: list[dict] = field(default_factory=list)
     gpus: str = ""  # `worker --gpus` (resolved: 0,1), or "" for one worker without it
     kill: dict = field(default_factory=dict)  # the --kill run's outcome (`kill_run`)
+    redis: dict = field(default_factory=dict)  # Redis while warm: commands, clients (`run_row`)
 
     @property
     def warm_ratio(self) -> float:
@@ -196,6 +199,7 @@ class Fleet:
             self.env["WHISPERFLEET_SLOT_MEMORY_BYTES"] = str(args.slot_memory)
         self.worker: subprocess.Popen | None = None
         self.starts = 0
+        self.polls = 0  # this script's own Redis commands in `wait`: one MGET a poll
 
     def close(self) -> None:
         if self.worker is not None:
@@ -236,8 +240,9 @@ class Fleet:
             while pending:
                 if self.worker is not None and self.worker.poll() is not None:
                     raise SystemExit(f"the worker exited ({self.worker.returncode}); see logs")
-                for job_id in list(pending):
-                    record = self.store.get(job_id)
+                ids = list(pending)
+                self.polls += 1
+                for job_id, record in zip(ids, self.store.get_many(ids), strict=True):
                     if record.status in TERMINAL:
                         pending.discard(job_id)
                         bar.update()
@@ -379,8 +384,9 @@ def sampled(fleet: Fleet, stop: threading.Event, every: float = 0.5) -> list[dic
     samples = []
     while not stop.is_set():
         try:
-            samples.append({"t": time.time(), **fleet.scrape()})
-        except httpx.HTTPError:
+            clients = fleet.store.redis.info("clients")["connected_clients"]
+            samples.append({"t": time.time(), "clients": clients, **fleet.scrape()})
+        except (httpx.HTTPError, redis.RedisError):
             pass
         stop.wait(every)
     return samples
@@ -419,14 +425,22 @@ def run_row(fleet: Fleet, row: Row, inputs: Inputs) -> None:
     stop, samples = threading.Event(), []
     scraper = threading.Thread(target=lambda: samples.extend(sampled(fleet, stop)))
     scraper.start()
-    cpu = fleet.cpu_seconds()
+    cpu, polls = fleet.cpu_seconds(), fleet.polls
+    fleet.store.redis.config_resetstat()
     start = time.time()
     fleet.dispatch(records)
     last, row.succeeded = fleet.wait(records, f"{row.model} {row.kind} x{row.copies} warm")
     row.warm_s = last - start
     row.cores = {k: (v - cpu[k]) / row.warm_s for k, v in fleet.cpu_seconds().items()}
+    commands = sum(command_calls(fleet.store.redis).values()) - (fleet.polls - polls)
+    elapsed = time.time() - start
     stop.set()
     scraper.join()
+    row.redis = {
+        "commands_per_job": commands / row.jobs,  # the messages sent and the worker's part
+        "commands_per_s": commands / elapsed,
+        "clients": max((s["clients"] for s in samples), default=None),
+    }
     row.timeline = timeline(samples, start)
     if fleet.args.kill and len(fleet.gpus) > 1:
         row.kill = kill_run(fleet, row, inputs, calm=records)
@@ -695,19 +709,23 @@ def table(rows: list[Row], header: bool = True) -> str:
         lines += [
             "| model | input | processes | GPUs | jobs | audio s | engine s | warm s | warm ratio "
             "| cold s | cold ratio | ready s | engine RTFx | transformers RTFx | ok "
-            "| core exited | CPU cores busy while warm |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| core exited | CPU cores busy while warm | Redis while warm |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for r in rows:
         ready = f"{r.ready_s:.1f}" + (" (empty cache)" if r.first_start else "")
         hf = f"{r.transformers_rtfx:.0f}" if r.transformers_rtfx else "—"
         cores = ", ".join(f"{k} {v:.2f}" for k, v in r.cores.items())
+        db = r.redis and (
+            f"{r.redis['commands_per_job']:.0f} commands a job, "
+            f"{r.redis['commands_per_s']:,.0f} a second, {r.redis['clients']} clients"
+        )
         lines.append(
             f"| {r.model} | {r.kind} | {r.processes} | {r.gpus or '—'} | {r.jobs} "
             f"| {r.audio_s:.0f} | {r.engine_s:.2f} "
             f"| {r.warm_s:.2f} | {r.warm_ratio:.2f} | {r.cold_s:.2f} | {r.cold_ratio:.2f} "
             f"| {ready} | {r.audio_s / r.engine_s:.0f} | {hf} | {r.succeeded}/{r.jobs} "
-            f"| {r.core_exited} | {cores} |"
+            f"| {r.core_exited} | {cores} | {db or '—'} |"
         )
     return "\n".join(lines)
 
