@@ -64,7 +64,7 @@ class Looks:
             yield on_wait
         finally:
             with self._lock:
-                del self._progress[job_id]
+                self._progress.pop(job_id, None)
                 self._cancelled.discard(job_id)
 
     def look(self, write_progress: bool = False) -> None:
