@@ -4,7 +4,8 @@ as `whisperfleet worker`:
 
 - log lines that name their job (`WHISPERFLEET_LOG_FORMAT`);
 - the default model loaded (and converted, the first time) before any message is taken;
-- the heartbeat that renews the lease of every job the process runs;
+- the heartbeat that renews the lease of every job the process runs, and the looks at their
+  records (`worker.looks`: cancels seen, progress written);
 - the reconciler that takes over the jobs of workers that died (and ends those whose result is
   stored or whose age ran out), and deletes job inputs no record claims (`worker.orphans`);
 - Prometheus metrics on `WHISPERFLEET_METRICS_PORT`, and `/ready` there (200 once it takes
@@ -82,6 +83,7 @@ def _start(**_: object) -> None:
     threading.Thread(
         target=transcribe.leases.heartbeat, args=(transcribe.engines.healthy, _stop), daemon=True
     ).start()
+    threading.Thread(target=transcribe.looks.loop, args=(_stop,), daemon=True).start()
     metrics.READY.set()
 
 

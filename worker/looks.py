@@ -33,7 +33,7 @@ def cancelled(record: JobRecord | None) -> bool:
 
 
 class Looks:
-    """The process's running jobs, looked at by one thread (`start`), or by `look` calls."""
+    """The process's running jobs, looked at by one thread (`loop`), or by `look` calls."""
 
     def __init__(
         self,
@@ -45,7 +45,6 @@ class Looks:
         self._lock = threading.Lock()
         self._progress: dict[str, Progress | None] = {}  # running here: its last known progress
         self._cancelled: set[str] = set()  # of those, found cancelled or gone
-        self._stop = threading.Event()
         self._failing = False  # the last look failed
 
     @contextmanager
@@ -87,16 +86,10 @@ class Looks:
             }
             self.store.set_progress_many(seen, running)
 
-    def start(self) -> Looks:
-        threading.Thread(target=self._loop, name="looks", daemon=True).start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
+    def loop(self, stop: threading.Event) -> None:
+        """Look every `every_s` (and write progress every `progress_every_s`) until `stop`."""
         written = time.monotonic()
-        while not self._stop.wait(self.every_s):
+        while not stop.wait(self.every_s):
             write = time.monotonic() - written >= self.progress_every_s
             try:
                 self.look(write_progress=write)

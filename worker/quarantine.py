@@ -116,7 +116,8 @@ def serve(conn: Connection, parent: int) -> None:
     settings = get_settings()
     logs.configure(settings.log_format)
     store = JobStore(redis.Redis.from_url(settings.redis_url))
-    storage, looks = Storage(settings), Looks(store).start()
+    storage, looks = Storage(settings), Looks(store)
+    threading.Thread(target=looks.loop, args=(threading.Event(),), daemon=True).start()
     # its core on this process's threads: a daemon process may have no children
     engines = EngineCore(settings, slots=1, on_exit=exit_with_core, context=InProcess)
     while True:

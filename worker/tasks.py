@@ -80,7 +80,7 @@ class JobTask(Task):
 
     @cached_property
     def looks(self) -> Looks:
-        return Looks(self.store).start()
+        return Looks(self.store)
 
     @cached_property
     def storage(self) -> Storage:

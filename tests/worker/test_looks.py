@@ -3,6 +3,7 @@ all of them, their progress in one compare-and-set call, a cancel seen by the jo
 Redis away stopping nothing."""
 
 import logging
+import threading
 import time
 from contextlib import ExitStack
 from types import SimpleNamespace
@@ -91,7 +92,8 @@ def test_a_record_that_moved_after_the_read_keeps_its_move(store):
 
 
 def test_a_cancel_or_a_deleted_record_reaches_the_jobs_wait_from_the_looks_thread(store):
-    looks = Looks(store, every_s=0.05).start()
+    looks, stop = Looks(store, every_s=0.05), threading.Event()
+    threading.Thread(target=looks.loop, args=(stop,), daemon=True).start()
     try:
         ids = running(store, 3)
         with ExitStack() as stack:
@@ -109,14 +111,15 @@ def test_a_cancel_or_a_deleted_record_reaches_the_jobs_wait_from_the_looks_threa
         with looks.running(ids[0]) as again:  # run again here: not cancelled until a look
             assert again(ticket) is False
     finally:
-        looks.close()
+        stop.set()
 
 
 def test_redis_away_stops_no_job_and_is_logged_once(caplog):
     """The looks go on failing quietly: the job's wait says not cancelled, one warning."""
     no_retries = Retry(NoBackoff(), 0)
     away = JobStore(redis.Redis(port=free_port(), socket_connect_timeout=0.1, retry=no_retries))
-    looks = Looks(away, every_s=0.02, progress_every_s=0.04).start()
+    looks, stop = Looks(away, every_s=0.02, progress_every_s=0.04), threading.Event()
+    threading.Thread(target=looks.loop, args=(stop,), daemon=True).start()
     try:
         with caplog.at_level(logging.WARNING, logger="worker.looks"):
             with looks.running("job") as on_wait:
@@ -124,7 +127,7 @@ def test_redis_away_stops_no_job_and_is_logged_once(caplog):
                     assert on_wait(SimpleNamespace(done_s=1.0, total_s=5.0)) is False
                     time.sleep(0.03)
     finally:
-        looks.close()
+        stop.set()
     warnings = [r for r in caplog.records if "not looked at" in r.getMessage()]
     assert len(warnings) == 1
 
@@ -141,7 +144,8 @@ def test_a_look_that_fails_for_another_reason_does_not_end_the_looks(store, monk
         return read_many(job_ids)
 
     monkeypatch.setattr(store, "read_many", fails_twice)
-    looks = Looks(store, every_s=0.02).start()
+    looks, stop = Looks(store, every_s=0.02), threading.Event()
+    threading.Thread(target=looks.loop, args=(stop,), daemon=True).start()
     try:
         with caplog.at_level(logging.WARNING, logger="worker.looks"):
             with looks.running(job_id) as on_wait:
@@ -151,6 +155,6 @@ def test_a_look_that_fails_for_another_reason_does_not_end_the_looks(store, monk
                     assert time.monotonic() < deadline, "the looks stopped after the failure"
                     time.sleep(0.01)
     finally:
-        looks.close()
+        stop.set()
     failed = [r for r in caplog.records if "a bad record" in r.getMessage()]
     assert len(failed) == 1 and failed[0].exc_info is not None
