@@ -353,7 +353,8 @@ class EngineCore:
         inputs, and call `on_wait` every `wait_s` seconds meanwhile (to record progress). When
         it answers True the job was cancelled: its input leaves the stream at the batcher's
         next turn (its slots freed for the others) and Cancelled is raised. `wait_s` bounds
-        how long a cancelled job keeps its slots, so it is short: the look is one Redis read."""
+        how long a cancelled job keeps its slots, so it is short: the worker's `on_wait`
+        only reads what its process's last look found (`worker.looks`)."""
         from engine.inputs import read_input
         from worker.engines import engine_options, transcript
 
