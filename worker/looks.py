@@ -74,7 +74,7 @@ class Looks:
             progress = dict(self._progress)
         if not progress:
             return
-        seen = self.store.read_many(list(progress))
+        seen = dict(zip(progress, self.store.read_many(list(progress)), strict=True))
         gone = {job_id for job_id, read in seen.items() if cancelled(read and read.record)}
         with self._lock:
             self._cancelled.update(gone & self._progress.keys())

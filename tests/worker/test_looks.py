@@ -76,7 +76,7 @@ def test_a_record_that_moved_after_the_read_keeps_its_move(store):
     """The write compares each record with the bytes read: one cancelled, one ended and one
     deleted in between are not written, the others are, in the same call."""
     ids = running(store, 5)
-    seen = store.read_many(ids)
+    seen = dict(zip(ids, store.read_many(ids), strict=True))
     store.transition(ids[1], JobStatus.cancelled)
     store.expire(ids[1], 600)
     store.transition(ids[2], JobStatus.succeeded)

@@ -395,10 +395,12 @@ class JobStore:
 
     def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
         """The records of `job_ids` (None where there is none), in one round trip."""
-        if not job_ids:
-            return []
-        raws = self.redis.mget([self._key(i) for i in job_ids])
-        return [JobRecord.model_validate_json(r) if r is not None else None for r in raws]
+        return [read and read.record for read in self.read_many(job_ids)]
+
+    def read_many(self, job_ids: list[str]) -> list[Read | None]:
+        """The records of `job_ids` as stored and as parsed (None: gone), in one round trip."""
+        raws = self.redis.mget([self._key(i) for i in job_ids]) if job_ids else []
+        return [Read(r, JobRecord.model_validate_json(r)) if r is not None else None for r in raws]
 
     def _update(self, job_id: str, change) -> JobRecord:
         """Apply `change(record) -> record` as a compare-and-set on the stored record."""
@@ -487,14 +489,6 @@ class JobStore:
             return record.model_copy(update={"quarantine_deaths": record.quarantine_deaths + 1})
 
         return self._update(job_id, change)
-
-    def read_many(self, job_ids: list[str]) -> dict[str, Read | None]:
-        """The records of `job_ids` as stored and as parsed (None: gone), in one round trip."""
-        raws = self.redis.mget([self._key(i) for i in job_ids]) if job_ids else []
-        return {
-            job_id: Read(raw, JobRecord.model_validate_json(raw)) if raw is not None else None
-            for job_id, raw in zip(job_ids, raws, strict=True)
-        }
 
     def set_progress_many(self, seen: dict[str, Read], progress: dict[str, Progress]) -> int:
         """Record how far running jobs have come, in one call: each job's record as `seen`
