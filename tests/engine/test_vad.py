@@ -1,0 +1,67 @@
+"""Voice activity (engine.vad): the wheel's own model, batched, gives its probabilities."""
+
+import numpy as np
+import pytest
+import torch
+from silero_vad import get_speech_timestamps, load_silero_vad
+
+from engine import vad
+from engine.audio import decode_audio
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_silero_vad()
+
+
+def silero_probabilities(model, samples: np.ndarray) -> np.ndarray:
+    """The wheel's own loop: one 32 ms chunk a call, the last zero-padded."""
+    model.reset_states()
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(samples), vad.CHUNK):
+            chunk = samples[i : i + vad.CHUNK]
+            chunk = np.pad(chunk, (0, vad.CHUNK - len(chunk)))
+            out.append(model(torch.from_numpy(chunk), 16000).item())
+    return np.array(out)
+
+
+def test_probabilities_and_regions_are_the_wheels_own(reference, clips):
+    for clip in clips.values():
+        samples = decode_audio(clip.bytes)
+        ours = vad.speech_probabilities(samples)
+        np.testing.assert_allclose(ours, silero_probabilities(reference, samples), atol=1e-4)
+        theirs = get_speech_timestamps(
+            torch.from_numpy(samples), reference, return_seconds=True, time_resolution=3
+        )
+        regions = vad.speech_regions(ours, len(samples) / 16000)
+        assert regions, clip.path.name
+        assert np.array(regions) == pytest.approx(
+            np.array([(t["start"], t["end"]) for t in theirs]), abs=1e-3
+        )
+
+
+def test_fed_in_blocks_of_any_size_equals_fed_whole(clips):
+    samples = decode_audio(clips["en_jfk"].bytes)
+    detector = vad.Detector()
+    for start in range(0, len(samples), 7777):  # not a multiple of the chunk
+        detector.feed(samples[start : start + 7777])
+    np.testing.assert_allclose(detector.finish(), vad.speech_probabilities(samples), atol=1e-6)
+
+
+def test_silence_and_room_tone_hold_no_speech():
+    rng = np.random.default_rng(0)
+    for samples in (
+        np.zeros(16000 * 20, np.float32),
+        (rng.standard_normal(16000 * 20) * 3e-3).astype(np.float32),
+    ):
+        assert vad.regions_of(samples) == []
+
+
+def test_speech_among_silence_is_found_where_it_is(clips):
+    speech = decode_audio(clips["en_librispeech_1272-128104-0000"].bytes)
+    alone = vad.regions_of(speech)
+    padded = np.concatenate([np.zeros(16000 * 10, np.float32), speech, np.zeros(16000 * 5)])
+    [(start, end)] = vad.regions_of(padded.astype(np.float32))
+    assert start == pytest.approx(10 + alone[0][0], abs=0.1)
+    assert end == pytest.approx(10 + alone[-1][1], abs=0.1)
