@@ -54,8 +54,15 @@ def gumbel(keys: Tensor, steps: Tensor, n_vocab: int) -> Tensor:
     mix32(bits)
     bits ^= k2[:, None]
     mix32(bits)
-    bits >>= 8  # 24 bits, for a float32 strictly inside (0, 1)
-    uniform = bits.float().add_(0.5).mul_(2.0**-24)
+    return gumbel_from_bits(bits)
+
+
+def gumbel_from_bits(bits: Tensor) -> Tensor:
+    """-log(-log(u)) of the uniform u that 32 random bits stand for. u keeps 23 of them: the
+    top value, (2**23 - 0.5) / 2**23, is the largest float32 below 1. With 24, (2**24 - 0.5) /
+    2**24 rounded to 1.0, whose noise is infinite, which turned a token every rule forbids
+    (-inf) into NaN, the largest value argmax finds: once a window in about 200 steps."""
+    uniform = (bits >> 9).float().add_(0.5).mul_(2.0**-23)
     return uniform.log_().neg_().log_().neg_()
 
 

@@ -1,11 +1,13 @@
 """Sampling depends on the input alone: its seed, the window, the attempt and the step, never on
 the batch around it, the slot it sits in or what the stream ran before (issue 12, finding 5)."""
 
+import numpy as np
 import pytest
 import torch
 
 from engine import OptionsError, TranscriptionOptions
-from engine.sampling import draw, gumbel, window_key
+from engine.audio import decode_audio
+from engine.sampling import draw, gumbel, gumbel_from_bits, window_key
 from tests.conftest import open_stream, transcribe
 
 SAMPLED = TranscriptionOptions(temperature=(0.6,), seed=7)
@@ -43,6 +45,34 @@ def test_draws_follow_the_tempered_distribution():
         expected = p ** (1 / temperature) / (p ** (1 / temperature)).sum()
         seen = torch.bincount(drawn, minlength=4) / n
         assert torch.allclose(seen, expected, atol=0.01), (temperature, seen, expected)
+
+
+def test_the_noise_is_finite_for_every_bit_pattern():
+    """The extreme patterns stand for the extreme uniforms, which must stay inside (0, 1): at 1.0
+    the noise is infinite, and added to a token every rule forbids (-inf) it made NaN, which
+    argmax picks."""
+    bits = torch.tensor([0, 1, 2**31, 2**32 - 512, 2**32 - 1])
+    noise = gumbel_from_bits(bits)
+    assert torch.isfinite(noise).all()
+    assert noise[-1] > noise[2] > noise[0]
+
+
+def test_windows_that_fall_back_sample_only_what_the_rules_allow(tiny_en, clips):
+    """Reversed speech: tiny.en's greedy text fails the fallback's checks, and the window is
+    sampled at every temperature up to 1.0 (about 1,000 draws). Before the noise was kept
+    finite, a draw here took a text token right after a lone timestamp, whose log-probability
+    (-inf) became the window's average."""
+    names = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
+    reversed_speech = np.concatenate([decode_audio(clips[n].bytes)[::-1] for n in names])
+    begin = tiny_en.engine.loaded.tokenizer.timestamp_begin
+    segments = transcribe(tiny_en, reversed_speech, TranscriptionOptions(seed=0)).segments
+    assert {(s.temperature, s.avg_logprob) for s in segments} == {(1.0, segments[0].avg_logprob)}
+    assert np.isfinite(segments[0].avg_logprob)
+    stamps = [t >= begin for s in segments for t in s.tokens]
+    lone_then_text = [
+        i for i in range(2, len(stamps)) if stamps[i - 1] and not stamps[i - 2] and not stamps[i]
+    ]
+    assert stamps[0] and not lone_then_text
 
 
 def test_a_rows_noise_is_its_own():
