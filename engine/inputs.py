@@ -1,10 +1,13 @@
 """What the engine transcribes: audio or a precomputed log-mel spectrogram, as 30 s windows.
 
-Both kinds become a `MelSource`: `window(seek)` gives the 3000 frames from frame `seek`, padded
-with the clip's floor value (what digital silence becomes) past the end. Seeks only move
-forward, so long audio is decoded and turned into frames as a stream, twice: once for the
-clip's maximum (Whisper clamps every frame to max - 8), once for the frames themselves. At most
-a few windows of frames are held at any time.
+Both kinds become a `MelSource`: `window(seek)` gives the 3000 frames from frame `seek`. A clip
+of up to 30 s starts as its audio zero-padded to 30 s (`WhisperFeatureExtractor`'s default, so
+the frames after it hold the clip's floor value, what digital silence becomes); any window
+that runs past the end of its input after a seek is padded with zeros, as openai-whisper's,
+faster-whisper's and transformers' long-form `transcribe` pad it (docs/accuracy.md, Long-form).
+Seeks only move forward, so long audio is decoded and turned into frames as a stream, twice:
+once for the clip's maximum (Whisper clamps every frame to max - 8), once for the frames
+themselves. At most a few windows of frames are held at any time.
 """
 
 from __future__ import annotations
@@ -59,13 +62,13 @@ def _normalize(log10_mel: torch.Tensor, log10_max: float) -> torch.Tensor:
     return (log10_mel.clamp(min=log10_max - 8.0) + 4.0) / 4.0
 
 
-def _padded(frames: torch.Tensor, floor: float) -> torch.Tensor:
-    """Up to N_FRAMES frames, padded with silence to exactly N_FRAMES; a view of `frames` when
-    nothing is missing (windows are read, never written)."""
+def _padded(frames: torch.Tensor) -> torch.Tensor:
+    """Up to N_FRAMES frames, zero-padded to exactly N_FRAMES; a view of `frames` when nothing
+    is missing (windows are read, never written)."""
     frames = frames[:, :N_FRAMES]
     if frames.shape[1] == N_FRAMES:
         return frames
-    return torch.nn.functional.pad(frames, (0, N_FRAMES - frames.shape[1]), value=floor)
+    return torch.nn.functional.pad(frames, (0, N_FRAMES - frames.shape[1]))
 
 
 class MelSource:
@@ -74,10 +77,11 @@ class MelSource:
     n_mels: int
     n_frames: int  # frames of content (100 per second)
     duration: float  # seconds of content
-    floor: float  # the value of a frame of digital silence, used past the end
+    floor: float  # the value of a frame of digital silence (what cut windows are padded with)
 
     def window(self, seek: int) -> torch.Tensor:
-        """shape = (n_mels, N_FRAMES): frames seek .. seek + 3000, floor-padded past the end."""
+        """shape = (n_mels, N_FRAMES): frames seek .. seek + 3000; past the end of the input,
+        zeros (but a clip's first window, the extractor's, is its padded audio's)."""
         raise NotImplementedError
 
     def pad(self, window: torch.Tensor, size: int) -> torch.Tensor:
@@ -101,7 +105,9 @@ class _HeldMel(MelSource):
         self.duration = n_frames / FRAMES_PER_SECOND if duration is None else duration
 
     def window(self, seek: int) -> torch.Tensor:
-        return _padded(self.mel[:, seek:], self.floor)
+        if seek == 0 and self.mel.shape[1] == N_FRAMES:  # a clip as the extractor pads it
+            return self.mel
+        return _padded(self.mel[:, seek : self.n_frames])
 
 
 class _StreamedMel(MelSource):
@@ -140,7 +146,7 @@ class _StreamedMel(MelSource):
             if frames is None:
                 break
             self._held = torch.cat([self._held, _normalize(frames, self.log10_max)], dim=1)
-        return _padded(self._held if self._start == seek else self._held[:, :0], self.floor)
+        return _padded(self._held if self._start == seek else self._held[:, :0])
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def test_a_long_spectrogram_gives_the_tokens_of_its_audio(tiny_en, clips):
     assert tokens(transcribe(tiny_en, mel, options)) == tokens(transcribe(tiny_en, audio, options))
 
 
-def test_long_audio_frames_equal_the_extractor_and_pad_with_the_floor(clips):
+def test_long_audio_frames_equal_the_extractor_and_the_last_window_pads_with_zeros(clips):
     audio = np.concatenate([decode_audio(clips["en_jfk"].bytes)] * 3)  # 33 s
     expected = extractor_features(audio, long=True)[0]
     [source] = audio_sources([audio], 80, CPU)
@@ -67,8 +67,8 @@ def test_long_audio_frames_equal_the_extractor_and_pad_with_the_floor(clips):
     first, last = source.window(0).numpy(), source.window(3000).numpy()
     np.testing.assert_allclose(first, expected[:, :3000], atol=1e-5)
     np.testing.assert_allclose(last[:, : expected.shape[1] - 3000], expected[:, 3000:], atol=1e-5)
-    floor = expected.max() - 2.0  # (log10 max - 8 + 4) / 4
-    assert np.allclose(last[:, expected.shape[1] - 3000 :], floor)
+    # as openai-whisper, faster-whisper and transformers' long-form pad a window past the end
+    assert not last[:, expected.shape[1] - 3000 :].any()
     spectrogram = spectrogram_source(expected, 80, CPU)
     np.testing.assert_allclose(spectrogram.window(3000).numpy(), last, atol=1e-5)
 
