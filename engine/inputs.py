@@ -6,8 +6,9 @@ the frames after it hold the clip's floor value, what digital silence becomes); 
 that runs past the end of its input after a seek is padded with zeros, as openai-whisper's,
 faster-whisper's and transformers' long-form `transcribe` pad it (docs/accuracy.md, Long-form).
 Seeks only move forward, so long audio is decoded and turned into frames as a stream, twice:
-once for the clip's maximum (Whisper clamps every frame to max - 8), once for the frames
-themselves. At most a few windows of frames are held at any time.
+once for the clip's maximum (Whisper clamps every frame to max - 8) and its speech
+(`engine.vad`), once for the frames themselves. At most a few windows of frames are held at
+any time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine.mel import (
     log_mel_spectrogram,
     stream_log10_mel,
 )
+from engine.vad import Detector, speech_regions
 
 # Audio or a spectrogram longer than this is refused (issue 12: without a limit, a 7 KB WAV
 # at 1 Hz was two hours of work); `EngineConfig.max_audio_s`.
@@ -78,6 +80,9 @@ class MelSource:
     n_frames: int  # frames of content (100 per second)
     duration: float  # seconds of content
     floor: float  # the value of a frame of digital silence (what cut windows are padded with)
+    # (start s, end s) of each stretch of speech (engine.vad), where the source's samples were
+    # read: audio over 30 s, whose first pass reads them anyway
+    speech: list[tuple[float, float]] | None = None
 
     def window(self, seek: int) -> torch.Tensor:
         """shape = (n_mels, N_FRAMES): frames seek .. seek + 3000; past the end of the input,
@@ -112,16 +117,18 @@ class _HeldMel(MelSource):
 
 class _StreamedMel(MelSource):
     """Frames of long audio, computed as the seek advances. The first pass refuses audio
-    longer than `max_s` seconds as soon as it passes the limit."""
+    longer than `max_s` seconds as soon as it passes the limit, and finds its speech."""
 
     def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float):
         self.n_mels = n_mels
         log10_max, n_frames, n_samples = -math.inf, 0, 0
+        voice = Detector(device)
 
         def counted(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
             nonlocal n_samples
             for block in _within_limit(blocks, max_s, audio.format):
                 n_samples += len(block)
+                voice.feed(block)
                 yield block
 
         for frames in stream_log10_mel(counted(audio.blocks()), n_mels, device):  # first pass
@@ -129,6 +136,7 @@ class _StreamedMel(MelSource):
             n_frames += frames.shape[1]
         self.log10_max, self.n_frames = log10_max, n_frames
         self.duration = n_samples / SAMPLE_RATE
+        self.speech = speech_regions(voice.finish(), self.duration)
         self.floor = (log10_max - 8.0 + 4.0) / 4.0
         self._frames: Iterator[torch.Tensor] = stream_log10_mel(audio.blocks(), n_mels, device)
         self._held = torch.zeros(n_mels, 0, device=device)

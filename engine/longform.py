@@ -37,6 +37,8 @@ class Window:
     seek: int  # first frame
     size: int  # frames of content in it (the rest is padding)
     mel: torch.Tensor  # (n_mels, N_FRAMES)
+    # cut to a stretch of speech an earlier window left without a segment (SequentialRequest)
+    focused: bool = False
 
     @property
     def offset(self) -> float:
@@ -44,6 +46,61 @@ class Window:
 
 
 TIME_PRECISION = CHUNK_LENGTH / 1500  # seconds per timestamp token (0.02)
+
+# Speech a sequential request does not let a window skip (inputs whose speech is known:
+# `MelSource.speech`): a stretch of UNCOVERED_S seconds of it (pauses under BRIDGE_S bridged)
+# that no word covers. Segments suggest such a stretch (none over it, or one over SPARSE_MIN_S
+# of speech with fewer than SPARSE_TOKENS_PER_S text tokens a second of it: on the dev set's
+# recordings every segment had 1.4 or more, one the model jumped ahead in 0.7); the window's
+# words (`engine.timing`, timed only then) confirm it, since a segment's own timestamps can be
+# seconds off where a long pause comes before it.
+UNCOVERED_S = 1.0
+BRIDGE_S = 0.5
+SPARSE_MIN_S = 4.0
+SPARSE_TOKENS_PER_S = 1.0
+WORD_SLACK_S = 0.1  # a word covers this much more on each side
+# A window decoded again starts up to LEAD_S before the speech it missed (never before the
+# words kept): Silero finds quiet speech up to 2.5 s after it starts where louder speech came
+# just before (the dev set's FLEURS clips); it ends TAIL_S after it.
+LEAD_S, TAIL_S = 3.0, 0.3
+
+
+def first_gap(
+    speech: list[tuple[float, float]],
+    covered: list[tuple[float, float]],
+    start: float,
+    end: float,
+) -> float | None:
+    """Where the first stretch of UNCOVERED_S seconds of speech in [start, end) that nothing
+    in `covered` overlaps begins (seconds), or None."""
+    stretch: list[float] | None = None  # [begin, end, seconds of speech]
+    for s, e in speech:
+        s, e = max(s, start), min(e, end)
+        if e <= s:
+            continue
+        for piece_start, piece_end in _minus(s, e, covered):
+            if stretch is None or piece_start - stretch[1] > BRIDGE_S:
+                stretch = [piece_start, piece_end, 0.0]
+            stretch[1] = piece_end
+            stretch[2] += piece_end - piece_start
+            if stretch[2] >= UNCOVERED_S:
+                return stretch[0]
+    return None
+
+
+def _minus(
+    start: float, end: float, covered: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """[start, end) less the intervals in `covered`."""
+    pieces = [(start, end)]
+    for c_start, c_end in covered:
+        pieces = [
+            part
+            for p_start, p_end in pieces
+            for part in ((p_start, min(p_end, c_start)), (max(p_start, c_end), p_end))
+            if part[1] > part[0]
+        ]
+    return pieces
 
 
 def split_segments(
@@ -100,23 +157,29 @@ class Request:
         if self.language is None:
             self.language, self.language_probability = guess.language, guess.probability
 
-    def task(self, window: Window, temperature: float) -> WindowTask:
-        """How to decode `window` at `temperature`. Above `prompt_reset_on_temperature` the
-        window goes without its prompt (previous text, initial prompt), not only the windows
-        after it: the prompt that drove the cooler tries into repeating itself would drive this
-        one too (issue 12: "ha " * 333 as the initial prompt)."""
+    def task(self, window: Window, attempt: int) -> WindowTask:
+        """How to decode `window` at its `attempt`-th temperature. Above
+        `prompt_reset_on_temperature` the window goes without its prompt (previous text,
+        initial prompt), not only the windows after it: the prompt that drove the cooler tries
+        into repeating itself would drive this one too (issue 12: "ha " * 333 as the initial
+        prompt). A window cut to speech another skipped goes without it too. A try with a
+        hotter one after it ends as soon as its text so far fails the compression check (it
+        would be tried again anyway); the last try is decoded to its end, as openai-whisper
+        decodes it, since its text is kept whatever it is."""
+        temperature = self.options.temperature[attempt]
         hot = temperature > self.options.prompt_reset_on_temperature
+        last = attempt == len(self.options.temperature) - 1
         return WindowTask(
             language=self.language or "en",
             task=self.options.task,
             temperature=temperature,
-            prompt=() if hot else tuple(self.prompt(window)),
+            prompt=() if hot or window.focused else tuple(self.prompt(window)),
             timestamps=self.options.timestamps,
             seed=self.options.seed,
             seek=window.seek,
             min_tokens=self.options.min_tokens,
             max_tokens=self.options.sample_len,
-            max_compression_ratio=self.options.compression_ratio_threshold,
+            max_compression_ratio=None if last else self.options.compression_ratio_threshold,
         )
 
     def prompt(self, window: Window) -> list[int]:
@@ -128,8 +191,13 @@ class Request:
 
     def accept(self, window: Window, result: WindowResult, times: TokenTimes | None = None) -> None:
         """Take a window's result; times: its text tokens' (`engine.timing`), for word
-        timestamps."""
+        timestamps or where `wants_times` asked for them."""
         raise NotImplementedError
+
+    def wants_times(self, window: Window, result: WindowResult) -> bool:
+        """Whether to time this window's text tokens though its input asks for no word
+        timestamps (before its slot, which holds what timing reads, is freed)."""
+        return False
 
     @property
     def done(self) -> bool:
@@ -192,9 +260,17 @@ class Request:
 
 
 class SequentialRequest(Request):
+    """openai-whisper's seek, and one rule more where the input's speech is known (option
+    `cover_speech`): speech that a window skipped (`first_gap`) is decoded again. The seek
+    goes back to where that speech starts, and the window from there is cut where that
+    stretch of speech ends (padded with silence) and goes without the previous text, so that
+    the model neither jumps past it again nor is led by what came before; a cut window's own
+    start is not tried twice."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self.seek = 0
+        self.focus: int | None = None  # the next window ends at this frame (a cut window)
         self.outstanding = False
         self.initial = (
             self.tokenizer.encode(" " + self.options.initial_prompt.strip())
@@ -203,6 +279,7 @@ class SequentialRequest(Request):
         )
         self.all_tokens: list[int] = list(self.initial)
         self.prompt_reset_since = 0
+        self.speech = self.source.speech if self.options.cover_speech else None
 
     @property
     def done(self) -> bool:
@@ -219,18 +296,40 @@ class SequentialRequest(Request):
         if self.outstanding or self.done:
             return
         size = min(N_FRAMES, self.source.n_frames - self.seek)
+        mel = self.source.window(self.seek)
+        focused = self.focus is not None
+        if focused:
+            size = min(size, self.focus - self.seek)
+            mel, self.focus = self.source.pad(mel, size), None
         self.outstanding = True
-        yield Window(self.seek, size, self.source.window(self.seek))
+        yield Window(self.seek, size, mel, focused)
 
     def speech_end_before(self, window: Window) -> float:
         return self.speech_end  # windows come in order
 
+    def wants_times(self, window: Window, result: WindowResult) -> bool:
+        """Whether this window's segments suggest it skipped speech: then its words are
+        timed, to tell (`accept`)."""
+        if not self.speech or self.options.is_silence(result):
+            return False
+        pieces, advance = self.pieces(window, result)
+        eot, covered = self.tokenizer.eot, []
+        for start, end, tokens in pieces:
+            voiced = sum(max(0.0, min(e, end) - max(s, start)) for s, e in self.speech)
+            text = sum(t < eot for t in tokens)
+            if text and not (voiced >= SPARSE_MIN_S and text < SPARSE_TOKENS_PER_S * voiced):
+                covered.append((start, end))
+        end = window.offset + advance / FRAMES_PER_SECOND
+        return first_gap(self.speech, covered, window.offset, end) is not None
+
     def accept(self, window: Window, result: WindowResult, times: TokenTimes | None = None) -> None:
         self.outstanding = False
-        if self.options.is_silence(result):
-            self.seek += window.size
-            return
-        segments, advance = self._segments(window, result, times)
+        silence = self.options.is_silence(result)
+        asked = times if self.options.word_timestamps else None
+        if silence:
+            segments, advance = [], window.size
+        else:
+            segments, advance = self._segments(window, result, asked)
         ends = [w.end for s in segments for w in s.words or ()]
         if ends and advance < window.size:
             # the text after the last complete timestamp is decoded again from there; with
@@ -239,15 +338,64 @@ class SequentialRequest(Request):
             # last timestamp, which would decode again what is kept)
             last_word = round((ends[-1] - window.offset) * FRAMES_PER_SECOND)
             advance = min(max(advance, last_word), window.size)
+        missed = None
+        if self.speech and (silence or times is not None):
+            timed = (
+                segments
+                if asked is not None or silence
+                else self._segments(window, result, times)[0]
+            )
+            missed = self.missed(window, segments, timed, advance)
+        if missed is not None:
+            kept, start = missed
+            segments = segments[:kept]
+            self.focus = self.speech_end_frame(start)
+            floor = max([window.offset] + [s.end for s in segments])
+            advance = round((max(start - LEAD_S, floor) - window.offset) * FRAMES_PER_SECOND)
         for s in segments:
             self.segments.append(Segment(**{**s.__dict__, "id": len(self.segments)}))
             self.all_tokens.extend(s.tokens)
-        self.seek += max(advance, 1)
-        if (
+        self.seek += advance if missed is not None else max(advance, 1)
+        if not silence and (
             not self.options.condition_on_previous_text
             or result.temperature > self.options.prompt_reset_on_temperature
         ):
             self.prompt_reset_since = len(self.all_tokens)
+
+    def missed(
+        self, window: Window, segments: list[Segment], timed: list[Segment], advance: int
+    ) -> tuple[int, float] | None:
+        """The first speech this window skipped, by the words of its segments as `timed`
+        (openai-whisper's word placement: a word stretched over a pause or over speech the
+        text skips is cut back at sentence boundaries): (how many of `segments` come before
+        it, where it starts in seconds); None if it skipped none, or if that speech starts
+        where this window, cut to it already, starts."""
+        words = [w for s in timed for w in s.words or ()]
+        covered = [(w.start - WORD_SLACK_S, w.end + WORD_SLACK_S) for w in words]
+        end = window.offset + advance / FRAMES_PER_SECOND
+        start = first_gap(self.speech, covered, window.offset, end)
+        if start is None or (window.focused and start < window.offset + UNCOVERED_S):
+            return None
+        ends = {tuple(s.tokens): s.words[-1].end for s in timed if s.words}
+        kept = 0  # the segments before it: their words end before it starts
+        while (
+            kept < len(segments)
+            and ends.get(tuple(segments[kept].tokens), segments[kept].end) <= start
+        ):
+            kept += 1
+        return kept, start
+
+    def speech_end_frame(self, start: float) -> int:
+        """Where the stretch of speech from `start` ends (its pauses shorter than BRIDGE_S
+        bridged), as a frame (a window holds 30 s of it at most)."""
+        end = start
+        for s, e in self.speech:
+            if e <= start:
+                continue
+            if s > end + BRIDGE_S and end > start:
+                break
+            end = max(end, e)
+        return round((end + TAIL_S) * FRAMES_PER_SECOND)
 
 
 class ChunkedRequest(Request):

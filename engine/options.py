@@ -34,6 +34,9 @@ class TranscriptionOptions:
     initial_prompt: str | None = None  # text given as if it preceded the audio
     # a window tried hotter than this goes without the context, and so do the windows after it
     prompt_reset_on_temperature: float = 0.5
+    # sequential, where the input's speech is known (audio over 30 s: engine.vad): speech a
+    # window leaves without a segment is decoded again from where it starts (engine.longform)
+    cover_speech: bool = True
 
     # length
     sample_len: int | None = None  # tokens a window at most; None: the stream's rules' limit

@@ -54,12 +54,14 @@ class StreamStats:
     encode_s: float = 0.0  # admitting windows: log-mel, encoder, prefill
     decode_s: float = 0.0  # in decode steps
     windows: int = 0  # windows encoded
+    timed: int = 0  # windows whose words were timed (word timestamps, or skipped speech)
 
     def __add__(self, other: StreamStats) -> StreamStats:
         return StreamStats(
             self.encode_s + other.encode_s,
             self.decode_s + other.decode_s,
             self.windows + other.windows,
+            self.timed + other.timed,
         )
 
     def __sub__(self, other: StreamStats) -> StreamStats:
@@ -67,6 +69,7 @@ class StreamStats:
             self.encode_s - other.encode_s,
             self.decode_s - other.decode_s,
             self.windows - other.windows,
+            self.timed - other.timed,
         )
 
 
@@ -234,9 +237,7 @@ class Stream(Streaming):
             entry, window = d.sequence.owner
             retry = d.sequence.attempt + 1
             if entry.options.needs_fallback(d.result) and retry < len(entry.options.temperature):
-                runner.restart(
-                    d.slot, entry.request.task(window, entry.options.temperature[retry]), retry
-                )
+                runner.restart(d.slot, entry.request.task(window, retry), retry)
             else:
                 done.append(d)
         times = self._time_tokens(done)  # while their slots hold their cross-attention K/V
@@ -325,17 +326,18 @@ class Stream(Streaming):
                 e.request.detected(guess)
         runner.start(
             rows,
-            [Slotted((e, w), e.request.task(w, e.options.temperature[0])) for e, w in batch],
+            [Slotted((e, w), e.request.task(w, 0)) for e, w in batch],
         )
         return len(batch)
 
     def _time_tokens(self, done: list[DecodedWindow]) -> dict[int, TokenTimes | None]:
         """slot -> the times of its window's text tokens, for the finished windows of inputs
-        that ask for word timestamps: the text the window adds, timed in one pass."""
+        that ask for word timestamps (or whose requests want them: a window that may have
+        skipped speech): the text the window adds, timed in one pass."""
         asking, eot = [], self.engine.loaded.tokenizer.eot
         for d in done:
             entry, window = d.sequence.owner
-            if entry.options.word_timestamps:
+            if entry.options.word_timestamps or entry.request.wants_times(window, d.result):
                 pieces, _ = entry.request.pieces(window, d.result)
                 tokens = [t for *_, piece_tokens in pieces for t in piece_tokens if t < eot]
                 task = d.sequence.task
@@ -345,6 +347,7 @@ class Stream(Streaming):
         if self._aligner is None:
             self._aligner = Aligner(self.engine.loaded)
         timed = self._aligner.align(self._runner.slots.cache, asking)
+        self.stats += StreamStats(timed=len(asking))
         return {a.slot: times for a, times in zip(asking, timed, strict=True)}
 
     def _result(self, entry: _Input) -> Transcription:

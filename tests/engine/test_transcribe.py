@@ -274,17 +274,25 @@ def test_a_repetitive_prompt_costs_a_few_times_the_plain_clip(tiny_en, clips, de
     assert [s.temperature for s in prompted.segments] == [0.6]  # 0, 0.2, 0.4 repeated "ha"
 
 
-def test_a_window_ended_for_repeating_itself_follows_the_fallback_rule(tiny_en, clips):
-    """When every temperature fails, the last try is kept, as openai-whisper keeps it: here
-    cut where its text passed the compression threshold. Without a threshold nothing is cut,
-    nor before `min_tokens` (the fixed work of benchmarks)."""
+def test_only_a_try_with_a_hotter_one_after_it_ends_for_repeating_itself(
+    tiny_en, clips, decoded_tokens
+):
+    """A try whose text so far fails the compression check ends there when another try comes
+    after it (its text is decoded again anyway); the last try, kept whatever it is, is decoded
+    to its end, as openai-whisper decodes it (#36: the engine had kept a cut one). Nothing is
+    cut without a threshold, nor before `min_tokens` (the fixed work of benchmarks)."""
     clip = decode_audio(clips["en_jfk"].bytes)[:24000]
     looping = TranscriptionOptions(initial_prompt="ha " * 333, temperature=(0.0,), sample_len=40)
-    kept = transcribe(tiny_en, clip, looping)
-    [segment] = kept.segments
-    assert kept.text == " ".join(["ha"] * 11) and len(segment.tokens) == 12
-    assert 2.4 < segment.compression_ratio == compression_ratio(kept.text) < 2.5
-    unchecked = replace(looping, compression_ratio_threshold=None)
-    assert len(transcribe(tiny_en, clip, unchecked).segments[0].tokens) == 40
-    held = replace(looping, min_tokens=30)
-    assert len(transcribe(tiny_en, clip, held).segments[0].tokens) == 30
+    [segment] = transcribe(tiny_en, clip, looping).segments
+    assert len(segment.tokens) == 40 and segment.compression_ratio > 2.4
+    for options, decoded in (
+        (replace(looping, temperature=(0.0, 0.0)), 12 + 40),  # the first try cut
+        (replace(looping, temperature=(0.0, 0.0), compression_ratio_threshold=None), 40),
+        (replace(looping, temperature=(0.0, 0.0), min_tokens=30), None),
+    ):
+        decoded_tokens["tokens"] = 0
+        kept = transcribe(tiny_en, clip, options)
+        assert kept.text == " ".join(["ha"] * len(kept.segments[0].tokens[1:]))
+        if decoded is not None:
+            assert decoded_tokens["tokens"] == decoded
+    assert 30 + 40 <= decoded_tokens["tokens"] < 40 + 40
