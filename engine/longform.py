@@ -297,10 +297,12 @@ class SequentialRequest(Request):
             return
         size = min(N_FRAMES, self.source.n_frames - self.seek)
         mel = self.source.window(self.seek)
-        focused = self.focus is not None
+        # a kept segment's end can pass the end of the speech it missed: then no cut
+        focused = self.focus is not None and self.focus > self.seek
         if focused:
             size = min(size, self.focus - self.seek)
-            mel, self.focus = self.source.pad(mel, size), None
+            mel = self.source.pad(mel, size)
+        self.focus = None
         self.outstanding = True
         yield Window(self.seek, size, mel, focused)
 
@@ -350,8 +352,12 @@ class SequentialRequest(Request):
             kept, start = missed
             segments = segments[:kept]
             self.focus = self.speech_end_frame(start)
+            # a cut window seeks to the speech it missed itself, with no lead: that speech
+            # starts UNCOVERED_S or more after its start (`missed`), so every cut window moves
+            # the seek on, and a window that seeks back is followed by a cut one
             floor = max([window.offset] + [s.end for s in segments])
-            advance = round((max(start - LEAD_S, floor) - window.offset) * FRAMES_PER_SECOND)
+            lead = 0.0 if window.focused else LEAD_S
+            advance = round((max(start - lead, floor) - window.offset) * FRAMES_PER_SECOND)
         for s in segments:
             self.segments.append(Segment(**{**s.__dict__, "id": len(self.segments)}))
             self.all_tokens.extend(s.tokens)
