@@ -241,11 +241,10 @@ class TransformersReference:
         )
         return {k: v.to(self.model.device) for k, v in inputs.items()}
 
-    @torch.inference_mode()
-    def transcribe(self, audio, long: bool) -> str:
+    def _generate(self, audio, long: bool, **kwargs):
         inputs = self._inputs(audio, long)
         inputs["input_features"] = inputs["input_features"].to(self.model.dtype)
-        out = self.model.generate(
+        return self.model.generate(
             **inputs,
             return_timestamps=True,
             condition_on_prev_tokens=True,
@@ -253,8 +252,23 @@ class TransformersReference:
             compression_ratio_threshold=1.35,  # on token bytes
             logprob_threshold=-1.0,
             no_speech_threshold=0.6,
+            **kwargs,
         )
+
+    @torch.inference_mode()
+    def transcribe(self, audio, long: bool) -> str:
+        out = self._generate(audio, long)
         return self.processor.batch_decode(out, skip_special_tokens=True)[0].strip()
+
+    @torch.inference_mode()
+    def segments(self, audio) -> list[tuple[float, float, str]]:
+        """Long-form: (start s, end s, text) of each segment."""
+        out = self._generate(audio, long=True, return_segments=True)
+        decode = self.processor.tokenizer.decode
+        return [
+            (float(s["start"]), float(s["end"]), decode(s["tokens"], skip_special_tokens=True))
+            for s in out["segments"][0]
+        ]
 
     @torch.inference_mode()
     def greedy_tokens(self, audio) -> list[int]:
