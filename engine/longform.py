@@ -28,6 +28,7 @@ from engine.result import Segment
 from engine.runner import LanguageGuess
 from engine.timing import TokenTimes, place_words, segment_words
 from engine.tokenizer import Tokenizer
+from engine.vad import voiced_seconds
 
 Piece = tuple[float, float, list[int]]  # a segment to be: (start s, end s, tokens)
 
@@ -317,7 +318,7 @@ class SequentialRequest(Request):
         pieces, advance = self.pieces(window, result)
         eot, covered = self.tokenizer.eot, []
         for start, end, tokens in pieces:
-            voiced = sum(max(0.0, min(e, end) - max(s, start)) for s, e in self.speech)
+            voiced = voiced_seconds(self.speech, start, end)
             text = sum(t < eot for t in tokens)
             if text and not (voiced >= SPARSE_MIN_S and text < SPARSE_TOKENS_PER_S * voiced):
                 covered.append((start, end))

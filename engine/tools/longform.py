@@ -34,7 +34,7 @@ from engine.options import TranscriptionOptions
 from engine.stream import Stream
 from engine.tools.evaluate import Clip, TransformersReference
 from engine.tools.wer import word_error_rate
-from engine.vad import regions_of
+from engine.vad import regions_of, voiced_seconds
 
 REFERENCE_RUNNER = Path(__file__).resolve().parents[2] / "scripts" / "longform_reference.py"
 
@@ -309,7 +309,7 @@ def widest_gap(
         gaps.append((at, seconds))
     best = Gap(0.0, 0.0, 0.0)
     for s, e in gaps:
-        voiced = sum(max(0.0, min(re, e) - max(rs, s)) for rs, re in regions)
+        voiced = voiced_seconds(regions, s, e)
         if voiced > best.voiced:
             best = Gap(s, e, voiced)
     return best
