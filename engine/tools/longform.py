@@ -108,15 +108,17 @@ def recordings(clips: list[Clip], kinds: set[str] | None = None) -> list[Recordi
         out.append(concatenation("as-recorded", raw, [second] * len(raw)))
     if "concat" in want:
         out.append(concatenation("concat", decoded, [second] * len(decoded)))
+    # made whether asked or not: the hour draws from the same generator after them, and is
+    # the same recording whichever kinds are asked
+    pauses = [room_tone(rng.uniform(0.3, 12.0), rng) for _ in decoded]
+    for i, seconds in zip((3, 9, 15), (20.0, 30.0, 45.0), strict=True):
+        if i < len(pauses):
+            pauses[i] = (
+                room_tone(seconds, rng)
+                if seconds != 30.0
+                else np.zeros(round(seconds * SAMPLE_RATE), np.float32)
+            )
     if "pauses" in want:
-        pauses = [room_tone(rng.uniform(0.3, 12.0), rng) for _ in decoded]
-        for i, seconds in zip((3, 9, 15), (20.0, 30.0, 45.0), strict=True):
-            if i < len(pauses):
-                pauses[i] = (
-                    room_tone(seconds, rng)
-                    if seconds != 30.0
-                    else np.zeros(round(seconds * SAMPLE_RATE), np.float32)
-                )
         out.append(concatenation("pauses", decoded, pauses))
     if "hour" in want:
         order = [i for _ in range(7) for i in rng.permutation(len(decoded))]

@@ -147,3 +147,27 @@ def test_every_window_moves_the_seek_on_where_speech_is_missed_again_and_again(
     assert len({(seek, focused) for seek, _, focused in seen}) == len(seen)
     seeks = [seek for seek, _, focused in seen if focused]
     assert seeks == sorted(set(seeks))  # each cut window later than the last
+
+
+def test_a_window_timed_to_look_for_skipped_speech_gives_its_segments_their_words_times(
+    tiny_en, recordings, monkeypatch
+):
+    """Where a window's words were timed to look for skipped speech and it skipped none, its
+    segments start and end with their words, as with word timestamps, not at the model's
+    timestamps, which can end seconds before the words do (on the dev set's hour a segment
+    ended at 3083.5 s, its words at 3102.5 s, and the gap report counted 16 s of speech with
+    no segment over it)."""
+    samples = recordings["seek"].samples
+    plain = transcribe(tiny_en, samples).segments  # nothing suggests a skip: no words timed
+    worded = transcribe(tiny_en, samples, TranscriptionOptions(word_timestamps=True)).segments
+    monkeypatch.setattr(SequentialRequest, "wants_times", lambda self, window, result: True)
+    timed = transcribe(tiny_en, samples).segments
+
+    def first_window(segments):  # decoded alike in all three; later windows may seek apart
+        return [(s.start, s.end, s.tokens) for s in segments if s.end <= 25.0]
+
+    assert len(first_window(timed)) >= 2
+    assert first_window(timed) == first_window(worded)
+    assert first_window(timed) != first_window(plain)
+    assert all(s.words is None for s in timed)
+    assert [s.text for s in timed] == [s.text for s in plain]
