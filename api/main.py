@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 REDIS_TIMEOUT_S = 5.0
 
 
+ROUTERS = (health.router, jobs.router, openai.router, backfills.router)
+
+
 def _operation_id(route: APIRoute) -> str:
     return f"{route.tags[0]}-{route.name}"
 
@@ -72,8 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
             expose_headers=["Location", "Retry-After"],
         )
-    routers = (health.router, jobs.router, openai.router, backfills.router)
-    for router in (*routers, _head_routes(routers)):
+    for router in (*ROUTERS, _head_routes(ROUTERS)):
         app.include_router(router)
     return app
 

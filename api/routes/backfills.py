@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.bodies import read_model
 from api.deps import SettingsDep, StorageDep, StoreDep, TenantDep, TenantsDep
 from api.errors import ApiError, error_answers
 from api.idempotency import Idempotency, fingerprint
@@ -46,7 +47,7 @@ BackfillsDep = Annotated[BackfillStore, Depends(_backfills)]
 
 def _owned(backfill_id: str, tenant: TenantDep, backfills: BackfillsDep) -> BackfillRecord:
     """The backfill, if it is the caller's: another tenant's answers as an unknown id."""
-    record = backfills.get(backfill_id) if len(backfill_id) <= 64 else None
+    record = backfills.get(backfill_id)
     if record is None or record.tenant != tenant:
         shown = backfill_id if len(backfill_id) <= 64 else f"{backfill_id[:61]}..."
         raise ApiError(404, "not_found", f"no backfill {shown}")
@@ -105,10 +106,15 @@ def public(backfills: BackfillStore, record: BackfillRecord) -> BackfillPublic:
     "",
     status_code=201,
     response_model=BackfillPublic,
-    responses=error_answers(401, 403, 409, 422, 429, 503),
+    responses=error_answers(401, 403, 409, 413, 422, 429, 503),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": BackfillCreate.model_json_schema()}},
+        },
+    },
 )
 async def create_backfill(
-    spec: BackfillCreate,
     request: Request,
     tenant: TenantDep,
     tenants: TenantsDep,
@@ -120,6 +126,7 @@ async def create_backfill(
     scheduled time, the objects that arrived since): each object once, as a `bulk` job made
     while the bulk queue has room; rendered copies and a manifest go under `output`. With an
     `Idempotency-Key`, a retry answers the backfill the first request started."""
+    spec = await read_model(request, BackfillCreate)  # the caller is known: read its body
     idem = None
     print_ = fingerprint(request.url.path, spec.model_dump(mode="json", exclude_unset=True))
     if key := request.headers.get("idempotency-key"):

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -10,6 +9,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from api.bodies import read_json
 from api.deps import (
     OwnedJobDep,
     QueueDep,
@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS = error_answers(401, 404, 409, 422, 503)
 SUBMIT_ERRORS = error_answers(401, 403, 409, 413, 422, 429, 503)
-MAX_JSON_BYTES = 64 * 1024
 # where a new job's id goes next (OpenAPI links: clients and schemathesis follow them)
 LINKS = {
     name: {"operationId": f"jobs-{operation}", "parameters": {"job_id": "$response.body#/id"}}
@@ -111,15 +110,7 @@ async def create_job(
 
 
 async def _source_job(request: Request) -> SourceJob:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_JSON_BYTES:
-            raise ApiError(413, "too_large", f"a JSON body is at most {MAX_JSON_BYTES} bytes")
-    try:
-        fields = json.loads(body)
-    except ValueError as e:
-        raise ApiError(422, "invalid_request", "the body is not JSON") from e
+    fields = await read_json(request)
     if not isinstance(fields, dict) or "source" not in fields:
         raise ApiError(
             422,

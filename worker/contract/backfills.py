@@ -278,6 +278,9 @@ class BackfillRecord(BaseModel):
         return key[len(self.bucket_prefix[1]) :]
 
 
+BACKFILL_ID = re.compile(r"bf_[0-9a-f]{24}")
+
+
 def new_backfill_id() -> str:
     return "bf_" + secrets.token_hex(12)
 
@@ -354,6 +357,10 @@ class BackfillStore:
         return sum(r.tenant == tenant and r.state == "active" for r in records)
 
     def get(self, backfill_id: str) -> BackfillRecord | None:
+        """The record; None for an unknown id, and for any that is not a backfill's (one
+        ending in `:counts` names another of its keys)."""
+        if not BACKFILL_ID.fullmatch(backfill_id):
+            return None
         raw = self.redis.get(self.key(backfill_id))
         return BackfillRecord.model_validate_json(raw) if raw else None
 
