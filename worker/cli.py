@@ -391,11 +391,13 @@ def _tenant_settings(args: argparse.Namespace) -> int:
     if args.action == "set":
         changes = {
             name: value
-            for name in ("sources", "jobs_per_minute", "jobs_in_flight")
+            for name in ("sources", "outputs", "jobs_per_minute", "jobs_in_flight")
             if (value := getattr(args, name)) is not None
         }
         if args.default_sources:
             changes["sources"] = None
+        if args.no_outputs:
+            changes["outputs"] = None
         try:
             tenants.update(args.tenant, **changes)
         except (TenantError, ValidationError) as e:
@@ -730,6 +732,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="back to WHISPERFLEET_TENANT_SOURCES",
     )
+    t.add_argument(
+        "--output",
+        dest="outputs",
+        action="append",
+        metavar="S3_URI",
+        help="s3://bucket/prefix/ the tenant alone may write: its backfills' outputs (repeat; "
+        "replaces the list; a source it may read is no grant to write there)",
+    )
+    t.add_argument("--no-outputs", action="store_true", help="no prefix of its own to write")
     t.add_argument("--jobs-per-minute", type=int, help="jobs the tenant may submit a minute")
     t.add_argument("--jobs-in-flight", type=int, help="its jobs queued or running at once")
     p.set_defaults(func=_tenant_settings)

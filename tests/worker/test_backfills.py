@@ -551,7 +551,10 @@ def test_a_schedule_is_entered_for_beat_and_taken_out_on_cancel(world):
 
 @pytest.fixture
 def client(world):
+    """The API, its tenant (`default`) allowed to write its backfills' outputs in the buckets
+    it may read."""
     with TestClient(create_app(world.settings)) as c:
+        c.app.state.tenants.update("default", outputs=world.settings.tenant_sources)
         yield c
 
 

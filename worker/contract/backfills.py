@@ -143,7 +143,7 @@ class BackfillCreate(JobOptions):
         if value is None:
             return None
         try:
-            return check_source_prefix(value if value.endswith("/") else value + "/")
+            return check_source_prefix(value)
         except TenantError as e:
             raise ValueError(str(e)) from None
 
@@ -197,11 +197,12 @@ class BackfillCreate(JobOptions):
             )
         if self.output is not None:
             out_bucket, out_prefix = split_prefix(self.output)
-            if not limits.may_read(out_bucket, out_prefix):
+            if not limits.may_write(out_bucket, out_prefix):
                 raise OptionError(
                     "output_not_allowed",
-                    f"{self.output} is outside the tenant's sources; omit `output` to keep "
-                    "the outputs in the service's bucket",
+                    f"{self.output} is outside the prefixes this tenant may write (`whisperfleet "
+                    "tenants set --output`; reading a prefix is no grant to write it); omit "
+                    "`output` to keep the outputs in the service's bucket",
                     status=403,
                 )
         return self.model_copy(update={"model": model})

@@ -16,7 +16,7 @@ import secrets
 from datetime import UTC, datetime
 
 import redis
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from worker.contract.settings import Settings
 
@@ -59,20 +59,26 @@ def _short(text: str) -> str:
 
 
 def check_source_prefix(uri: str) -> str:
-    """An allowed source as configured: `s3://bucket/` (the whole bucket) or
-    `s3://bucket/prefix/`."""
+    """A prefix as a grant or a backfill names it: `s3://bucket/` (the whole bucket) or
+    `s3://bucket/prefix/`. One without its last `/` is given it: a prefix ends at a `/`
+    (`s3://b/imports` would grant `imports-old/` too)."""
     if not uri.startswith("s3://"):
         raise TenantError(f"{_short(uri)}: expected s3://bucket/ or s3://bucket/prefix/")
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     parse_source(f"s3://{bucket}/{prefix or 'x'}")
-    return f"s3://{bucket}/{prefix}"
+    return f"s3://{bucket}/{prefix.removesuffix('/')}/" if prefix else f"s3://{bucket}/"
 
 
 class TenantSettings(BaseModel):
     """What one tenant may do. None: the configuration's default."""
 
     sources: list[str] | None = Field(
-        None, description="s3://bucket/prefix the tenant may name as inputs"
+        None, description="s3://bucket/prefix/ the tenant may name as inputs"
+    )
+    # reading a prefix never grants writing it (several tenants may read one): a backfill's
+    # output goes under the service's own prefix for the tenant, or inside one of these
+    outputs: list[str] | None = Field(
+        None, description="s3://bucket/prefix/ the tenant alone may write: backfills' outputs"
     )
     jobs_per_minute: int | None = Field(None, gt=0)
     jobs_in_flight: int | None = Field(None, gt=0)
@@ -83,12 +89,24 @@ class Limits(BaseModel):
     """A tenant's settings with the configuration's defaults filled in."""
 
     sources: list[str]
+    outputs: list[str] = Field(default_factory=list)
     jobs_per_minute: int
     jobs_in_flight: int
 
+    @field_validator("sources", "outputs")
+    @classmethod
+    def _prefixes(cls, value: list[str]) -> list[str]:
+        return [check_source_prefix(uri) for uri in value]
+
     def may_read(self, bucket: str, key: str) -> bool:
-        uri = f"s3://{bucket}/{key}"
-        return any(uri.startswith(allowed) for allowed in self.sources)
+        return _inside(f"s3://{bucket}/{key}", self.sources)
+
+    def may_write(self, bucket: str, key: str) -> bool:
+        return _inside(f"s3://{bucket}/{key}", self.outputs)
+
+
+def _inside(uri: str, prefixes: list[str]) -> bool:
+    return any(uri.startswith(prefix) for prefix in prefixes)
 
 
 class ApiKey(BaseModel):
@@ -108,6 +126,8 @@ class Tenants:
 
     def __init__(self, client: redis.Redis, settings: Settings, prefix: str = "whisperfleet"):
         self.redis, self.settings, self.prefix = client, settings, prefix
+        # WHISPERFLEET_TENANT_SOURCES checked where the API and the scanner start
+        self.default_sources = [check_source_prefix(uri) for uri in settings.tenant_sources]
         self.index = f"{prefix}:apikeys"
 
     def _key(self, digest: str) -> str:
@@ -169,8 +189,9 @@ class Tenants:
     def update(self, tenant: str, **changes: object) -> TenantSettings:
         """Set some of the tenant's settings (None: back to the configuration's default)."""
         check_tenant(tenant)
-        if changes.get("sources"):
-            changes["sources"] = [check_source_prefix(s) for s in changes["sources"]]
+        for grants in ("sources", "outputs"):
+            if changes.get(grants):
+                changes[grants] = [check_source_prefix(s) for s in changes[grants]]
         current = self.get(tenant)
         updated = TenantSettings.model_validate({**current.model_dump(), **changes})
         self.redis.set(self._tenant(tenant), updated.model_dump_json())
@@ -189,7 +210,8 @@ class Tenants:
         s = self.settings
         sources = own.get("sources")
         return Limits(
-            sources=sources if sources is not None else s.tenant_sources,
+            sources=sources if sources is not None else self.default_sources,
+            outputs=own.get("outputs") or [],
             jobs_per_minute=own.get("jobs_per_minute") or s.tenant_jobs_per_minute,
             jobs_in_flight=own.get("jobs_in_flight") or s.tenant_jobs_in_flight,
         )
