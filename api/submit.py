@@ -50,6 +50,7 @@ class Submitter:
     tenants: Tenants
     tenant: str
     limits: Limits | None = field(default=None, init=False)  # read by `_begin`
+    job_id: str = field(default="", init=False)  # a new job's, with its place taken by `_begin`
 
     async def upload(
         self, parse: Parse = JobCreate.parse, fields: frozenset[str] = FORM_FIELDS
@@ -61,7 +62,7 @@ class Submitter:
             upload = await self._receive(Discard(), parse, fields)
             parse(upload.fields)  # every field checked (and read) as for a first request
             return await self._replay(claim, upload.fields, upload.digest)
-        job_id = new_job_id()
+        job_id = self.job_id
         writer, record = self.storage.writer(input_key(self.tenant, job_id)), None
         try:
             upload = await self._receive(writer, parse, fields)
@@ -82,7 +83,9 @@ class Submitter:
                 record, claim, fingerprint(self._route, upload.fields, upload.digest)
             )
         except BaseException:
-            await run_in_threadpool(_withdraw, job_id, writer, self.store, record, claim)
+            await run_in_threadpool(
+                _withdraw, self.tenant, job_id, writer, self.store, record, claim
+            )
             raise
         return record
 
@@ -114,7 +117,7 @@ class Submitter:
             )
             job = await self._resolve(job, head.sniffed.kind)
             record = self._record(
-                new_job_id(),
+                self.job_id,
                 job,
                 JobInput(
                     kind=job.input,
@@ -127,7 +130,9 @@ class Submitter:
             )
             await self._enqueue(record, claim, fingerprint(self._route, fields))
         except BaseException:
-            await run_in_threadpool(_withdraw, None, None, self.store, record, claim)
+            await run_in_threadpool(
+                _withdraw, self.tenant, self.job_id, None, self.store, record, claim
+            )
             raise
         return record
 
@@ -168,7 +173,8 @@ class Submitter:
                 f"over {limits.jobs_per_minute} jobs a minute for this tenant",
                 {"Retry-After": str(60 - int(now) % 60)},
             )
-        if self.store.in_flight(self.tenant) >= limits.jobs_in_flight:
+        self.job_id = new_job_id()  # its place among the tenant's jobs in flight, if one is free
+        if not self.store.reserve(self.tenant, self.job_id, limits.jobs_in_flight):
             raise ApiError(
                 429,
                 "too_many_jobs",
@@ -264,20 +270,23 @@ def _source(uri: str, limits: Limits) -> tuple[str, str]:
 
 
 def _withdraw(
-    job_id: str | None,
+    tenant: str,
+    job_id: str,
     writer: ObjectWriter | None,
     store: JobStore,
     record: JobRecord | None,
     claim: _Claim | None,
 ) -> None:
     """Undo a submission that was refused or failed halfway, best effort: its record if one
-    may have been written (a message already sent for it is then dropped by the worker), the
-    input it stored, its claim on an Idempotency-Key. What cannot be undone now, with Redis or
+    may have been written (a message already sent for it is then dropped by the worker), its
+    place among the tenant's jobs in flight, the input it stored, its claim on an
+    Idempotency-Key. What cannot be undone now, with Redis or
     storage away, is left to the orphan sweeper (worker.orphans) or, for a record, to the
-    worker, which fails a job whose input is gone; a claim lapses."""
+    worker, which fails a job whose input is gone; a claim and a place lapse."""
     steps = []
     if record is not None:  # first: a job without its record is never run
         steps.append(("record", partial(store.delete, record)))
+    steps.append(("place in flight", partial(store.release, tenant, job_id)))
     if writer is not None:
         steps.append(("input", writer.abort))
     if claim is not None and not claim.settled:

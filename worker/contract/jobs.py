@@ -136,6 +136,19 @@ class JobRecord(BaseModel):
 
 # KEYS: the active set, then records; ARGV: now, then (record as read, as it is to be, job id)
 # for each record: written, and its job's place among the active ones renewed, if unchanged
+# a place among a tenant's jobs in flight, taken only while there is one (KEYS: its set of
+# jobs in flight, its places taken; ARGV: the job's id, the limit, now, when the place lapses)
+_RESERVE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
+if redis.call('SCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+return 1
+"""
+# how long a place taken for a job being submitted is held (its upload) unless the job is made
+RESERVATION_S = 3600.0
+
 _SET_PROGRESS = """
 local written = 0
 for i = 2, #KEYS do
@@ -235,6 +248,7 @@ class JobStore:
         self.retention_s = retention_s
         self.active, self.sent = f"{prefix}:active", f"{prefix}:sent"
         self._set_progress = client.register_script(_SET_PROGRESS)
+        self._reserve = client.register_script(_RESERVE)
 
     def _key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
@@ -244,6 +258,22 @@ class JobStore:
 
     def _inflight(self, tenant: str) -> str:
         return f"{self.prefix}:tenant:{tenant}:inflight"
+
+    def _reserved(self, tenant: str) -> str:
+        return f"{self.prefix}:tenant:{tenant}:reserved"
+
+    def reserve(self, tenant: str, job_id: str, limit: int) -> bool:
+        """Take a place for `job_id` among the tenant's at most `limit` jobs in flight, if one
+        is free: the check and the count in one step, so that parallel submissions cannot
+        all pass a check that each would fail counted together. `create` turns the place
+        into the job's; `release` gives it back; a place neither does lapses after
+        RESERVATION_S (a submitter that died)."""
+        now = time.time()
+        keys = [self._inflight(tenant), self._reserved(tenant)]
+        return bool(self._reserve(keys, [job_id, limit, now, now + RESERVATION_S]))
+
+    def release(self, tenant: str, job_id: str) -> None:
+        self.redis.zrem(self._reserved(tenant), job_id)
 
     def create(self, record: JobRecord) -> None:
         """Store a new job's record and its index entries, all or nothing; TransitionError if
@@ -259,6 +289,7 @@ class JobStore:
             pipe.zadd(self._listing(record.tenant), {record.listed_as: 0})
             if (ref := record.backfill) is None:
                 pipe.sadd(self._inflight(record.tenant), record.id)
+                pipe.zrem(self._reserved(record.tenant), record.id)
             else:  # bounded by the bulk queue's bound, not the tenant's limit
                 counts = backfill_key(self.prefix, ref.id, "counts")
                 pipe.sadd(backfill_key(self.prefix, ref.id, "inflight"), record.id)
