@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_S3_KEY = "whisperfleet"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CPU_CONCURRENCY = 32  # a worker's jobs in flight on the CPU
 # A GPU worker's jobs in flight, shared among its job processes: the engine's slots at most
 # (engine.slots.MAX_SLOTS, 512) and a quarter more, ready to take a slot the moment one frees.
@@ -30,6 +31,10 @@ def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "whisperfleet"
 
 
+def _default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "whisperfleet"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WHISPERFLEET_", extra="ignore")
 
@@ -37,7 +42,7 @@ class Settings(BaseSettings):
     # starts when nothing answers there and redis-server is installed.
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Object storage. The default is the embedded moto S3 server that `whisperfleet stack`
-    # starts on this port when nothing answers there (in memory: gone when the stack stops).
+    # starts on this port when nothing answers there (its objects kept under data_dir).
     s3_endpoint_url: str = "http://127.0.0.1:9000"
     s3_bucket: str = "whisperfleet"
     s3_region: str = "us-east-1"
@@ -149,6 +154,9 @@ class Settings(BaseSettings):
     metrics_port: int = 9108
     log_format: Literal["text", "json"] = "text"  # worker log lines; each names its job
     cache_dir: Path = Field(default_factory=_default_cache_dir)
+    # where `whisperfleet stack` keeps what it starts: its Redis (redis/, append-only file) and
+    # its embedded storage's objects (storage/), so that a restart finds every job as it was
+    data_dir: Path = Field(default_factory=_default_data_dir)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -171,14 +179,17 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _no_default_secrets_outside(self) -> Settings:
         """The default storage keys are public: fine for the embedded storage on this host,
-        refused for any other."""
+        refused for any other, and where clients beyond this host reach it (a public endpoint
+        that is not loopback: anyone who reads the docs could sign for it)."""
         defaults = (DEFAULT_S3_KEY, DEFAULT_S3_KEY)
         if (self.s3_access_key_id, self.s3_secret_access_key) == defaults:
-            if not self.storage_is_local:
-                raise ValueError(
-                    f"storage at {self.s3_endpoint_url} with the default keys: set "
-                    "WHISPERFLEET_S3_ACCESS_KEY_ID and WHISPERFLEET_S3_SECRET_ACCESS_KEY"
-                )
+            public = self.s3_public_endpoint_url
+            for url in (self.s3_endpoint_url, public) if public else (self.s3_endpoint_url,):
+                if urlparse(url).hostname not in LOOPBACK:
+                    raise ValueError(
+                        f"storage at {url} with the public default keys: set "
+                        "WHISPERFLEET_S3_ACCESS_KEY_ID and WHISPERFLEET_S3_SECRET_ACCESS_KEY"
+                    )
         return self
 
     @field_validator("device")
@@ -222,11 +233,11 @@ class Settings(BaseSettings):
 
     @property
     def redis_is_local(self) -> bool:
-        return urlparse(self.redis_url).hostname in ("127.0.0.1", "localhost", "::1")
+        return urlparse(self.redis_url).hostname in LOOPBACK
 
     @property
     def storage_is_local(self) -> bool:
-        return urlparse(self.s3_endpoint_url).hostname in ("127.0.0.1", "localhost", "::1")
+        return urlparse(self.s3_endpoint_url).hostname in LOOPBACK
 
 
 @lru_cache
