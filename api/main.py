@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 
 from api.errors import install_error_handlers
+from api.logs import redact_access_log
 from api.routes import backfills, health, jobs, openai
 from worker.app import create_app as create_celery
 from worker.contract.backfills import BackfillStore
@@ -35,6 +36,7 @@ def _operation_id(route: APIRoute) -> str:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    redact_access_log()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
