@@ -319,34 +319,43 @@ def test_english_only_model_refuses_a_translate_job_at_submission(api_url, clips
 
 def test_stack_command_serves_and_stops_everything_on_ctrl_c(clips, stack_env, tmp_path):
     """`whisperfleet stack` starts its own storage (nothing answers on its port), an API and a
-    worker; SIGINT stops every process it started."""
+    worker; SIGINT stops every process it started; started again, it serves the first job's
+    result (issue #37: its storage was in memory, and every old result answered 500)."""
     port, storage_port = free_port(), free_port()
     env = {
         **stack_env,
         "WHISPERFLEET_REDIS_URL": "redis://127.0.0.1:6379/13",
         "WHISPERFLEET_S3_ENDPOINT_URL": f"http://127.0.0.1:{storage_port}",
         "WHISPERFLEET_S3_BUCKET": f"stack-{uuid.uuid4().hex[:8]}",
+        "WHISPERFLEET_DATA_DIR": str(tmp_path / "data"),
     }
-    log = open(tmp_path / "stack.log", "w")
-    stack = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "stack", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    try:
-        wait_for_port(port, stack, timeout=90)
-        children = psutil.Process(stack.pid).children(recursive=True)
-        assert len(children) >= 3  # storage, worker, api
-        job = run_job(f"http://127.0.0.1:{port}", clips["en_jfk"].bytes, "jfk.flac")
-        assert job["status"] == "succeeded", (tmp_path / "stack.log").read_text()[-3000:]
-        stack.send_signal(signal.SIGINT)
-        assert stack.wait(timeout=30) == 0
-        gone, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive, [p.cmdline() for p in alive]
-    finally:
-        stop(stack)
-        log.close()
+    api = f"http://127.0.0.1:{port}"
+    job = None
+    for run in ("first", "again"):
+        log = open(tmp_path / f"stack-{run}.log", "w")
+        stack = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "stack", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            wait_for_port(port, stack, timeout=90)
+            children = psutil.Process(stack.pid).children(recursive=True)
+            assert len(children) >= 3  # storage, worker, api
+            if job is None:
+                job = run_job(api, clips["en_jfk"].bytes, "jfk.flac")
+                assert job["status"] == "succeeded", log.name
+            result = httpx.get(f"{api}/v1/jobs/{job['id']}/result", params={"format": "text"})
+            assert result.status_code == 200, result.text
+            assert "ask not what your country" in result.text
+            stack.send_signal(signal.SIGINT)
+            assert stack.wait(timeout=30) == 0
+            gone, alive = psutil.wait_procs(children, timeout=10)
+            assert not alive, [p.cmdline() for p in alive]
+        finally:
+            stop(stack)
+            log.close()
 
 
 def test_audio_longer_than_the_limit_fails_as_too_long(api_url, clips):

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from worker import backfill_cli
@@ -31,23 +32,31 @@ log = logging.getLogger("whisperfleet")
 LIGHT_COMMANDS = ("api", "keys", "tenants", "webhooks", "scanner", "beat", "backfill")  # no engine
 
 
+def stack_defaults(env: MutableMapping[str, str]) -> None:
+    """An open API, and while it is open, webhooks to a receiver on this machine."""
+    env.setdefault("WHISPERFLEET_AUTH", "none")
+    if env["WHISPERFLEET_AUTH"] == "none":
+        env.setdefault("WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")
+
+
 def _stack(args: argparse.Namespace) -> int:
     """Redis and storage if missing, then the API, a worker, the webhook sender, the backfill
-    scanner and beat; Ctrl-C stops them all. The API is open (WHISPERFLEET_AUTH=none) and
-    webhooks may go to loopback unless the environment says otherwise: a stack on this
-    machine, for one user."""
+    scanner and beat; Ctrl-C stops them all. The API is open (WHISPERFLEET_AUTH=none) and, while
+    it is, webhooks may go to loopback unless the environment says otherwise: a stack on this
+    machine, for one user. With keys on, loopback is refused as anywhere else: a caller with a
+    key could otherwise make the stack post to services of this host."""
     from worker.embedded import ensure_redis, ensure_storage
 
-    os.environ.setdefault("WHISPERFLEET_AUTH", "none")  # the children inherit these
-    # a receiver on this machine takes the webhooks of a stack on this machine
-    os.environ.setdefault("WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")
+    stack_defaults(os.environ)  # the children inherit them
     get_settings.cache_clear()
     settings = get_settings()
     cli = [sys.executable, "-m", "worker.cli"]
     with Supervisor(stop_timeout=15) as processes:
+        kept = []
         for name, ensure in (("redis", ensure_redis), ("storage", ensure_storage)):
             if (proc := ensure(settings, start=True)) is not None:
                 processes.add(Child(name, proc=proc, restart=False))
+                kept.append(name)
         processes.add(Child("worker", [*cli, "worker"]))
         processes.add(Child("webhooks", [*cli, "webhooks"]))
         processes.add(Child("scanner", [*cli, "scanner"]))
@@ -57,7 +66,9 @@ def _stack(args: argparse.Namespace) -> int:
         print(
             f"whisperfleet: API on http://{args.host}:{args.port} (docs at /docs; "
             f"auth: {settings.auth}), storage {settings.s3_endpoint_url}, Redis "
-            f"{settings.redis_url}. Ctrl-C stops it.",
+            f"{settings.redis_url}"
+            + (f" ({' and '.join(kept)} kept in {settings.data_dir})" if kept else "")
+            + ". Ctrl-C stops it.",
             flush=True,
         )
         return processes.watch()

@@ -59,8 +59,11 @@ def ensure_redis(settings: Settings, start: bool) -> subprocess.Popen | None:
             "install it (e.g. `apt-get install -y redis-server`) or set WHISPERFLEET_REDIS_URL"
         )
     port = urlparse(url).port or 6379
+    kept = settings.data_dir / "redis"
+    kept.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(kept), "--save", ""]
+        + ["--appendonly", "yes", "--appendfsync", "everysec"],
         stdout=subprocess.DEVNULL,
         process_group=0,  # stopped by the stack after its workers, not by Ctrl-C before them
     )
@@ -74,7 +77,8 @@ def storage_answers(settings: Settings) -> bool:
 
 
 def ensure_storage(settings: Settings, start: bool) -> subprocess.Popen | None:
-    """Return None if the S3 endpoint answers; else start moto's server there and return it."""
+    """Return None if the S3 endpoint answers; else start moto's server there, its objects
+    kept under the data directory, and return it."""
     if storage_answers(settings):
         return None
     url = settings.s3_endpoint_url
@@ -85,7 +89,7 @@ def ensure_storage(settings: Settings, start: bool) -> subprocess.Popen | None:
         )
     endpoint = urlparse(url)
     proc = subprocess.Popen(
-        s3_server.command(endpoint.hostname, endpoint.port),
+        s3_server.command(endpoint.hostname, endpoint.port, settings.data_dir / "storage"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         process_group=0,  # as Redis's

@@ -83,3 +83,25 @@ def test_a_prefix_a_tenant_may_read_is_no_place_to_write_its_outputs(shared):
     assert plain.status_code == 201, plain.text
     service = client.app.state.settings.s3_bucket
     assert plain.json()["output"].startswith(f"s3://{service}/backfills/b/")
+
+
+def test_the_stack_lets_webhooks_reach_loopback_only_while_its_api_is_open():
+    """A caller with a key must not make the stack post to services of its own host (issue
+    #37: the stack allowed loopback webhooks with keys on)."""
+    from worker.cli import stack_defaults
+    from worker.contract.settings import Settings
+    from worker.webhooks import WebhookRefused, destination
+
+    open_stack, keyed = {}, {"WHISPERFLEET_AUTH": "keys"}
+    stack_defaults(open_stack)
+    stack_defaults(keyed)
+    assert open_stack["WHISPERFLEET_AUTH"] == "none"
+    assert open_stack["WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS"] == "127.0.0.0/8,::1/128"
+    assert keyed == {"WHISPERFLEET_AUTH": "keys"}
+    for env, allowed in ((open_stack, True), (keyed, False)):
+        networks = Settings(**{k[13:].lower(): v for k, v in env.items()}).webhook_allow_networks
+        if allowed:
+            assert destination("http://127.0.0.1:9/hook", networks)
+        else:
+            with pytest.raises(WebhookRefused):
+                destination("http://127.0.0.1:9/hook", networks)
