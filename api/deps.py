@@ -1,7 +1,9 @@
-"""Request dependencies as named `Annotated` aliases."""
+"""Request dependencies as named `Annotated` aliases, and the reads the routes share."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 from celery import Celery
@@ -11,9 +13,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from worker.contract.jobs import DEFAULT_TENANT, JobRecord, JobStore
+from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
 from worker.contract.tenants import Tenants
-from worker.storage import Storage
+from worker.storage import Storage, gone
 
 BEARER = {"WWW-Authenticate": "Bearer"}
 
@@ -75,3 +78,27 @@ def _owned_job(job_id: str, tenant: TenantDep, store: StoreDep) -> JobRecord:
 
 
 OwnedJobDep = Annotated[JobRecord, Depends(_owned_job)]
+
+
+@contextmanager
+def result_gone_as_410(job: JobRecord) -> Iterator[None]:
+    """A storage call for a succeeded job's result that finds no object answers 410
+    `result_gone` (deleted, by hand or a lifecycle rule, or lost by the storage), not 500."""
+    try:
+        yield
+    except Exception as e:
+        if gone(e):
+            raise ApiError(
+                410,
+                "result_gone",
+                f"job {job.id} succeeded, but its result is no longer in storage (deleted, or "
+                "lost by the storage); submit the job again",
+            ) from None
+        raise
+
+
+async def stored_result(storage: Storage, job: JobRecord) -> TranscriptResult:
+    """A succeeded job's stored result."""
+    with result_gone_as_410(job):
+        stored = await run_in_threadpool(storage.get, job.result_key)
+    return TranscriptResult.model_validate_json(stored)

@@ -20,6 +20,14 @@ from worker.contract.settings import Settings
 PART_SIZE = 8 * 1024 * 1024
 
 
+GONE = ("NoSuchKey", "NoSuchBucket", "404")
+
+
+def gone(e: Exception) -> bool:
+    """Whether a storage call failed because its object (or its bucket) is not there."""
+    return isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") in GONE
+
+
 class Storage:
     def __init__(self, settings: Settings):
         self.settings, self.bucket = settings, settings.s3_bucket

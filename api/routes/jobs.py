@@ -17,6 +17,8 @@ from api.deps import (
     StorageDep,
     StoreDep,
     TenantDep,
+    result_gone_as_410,
+    stored_result,
 )
 from api.errors import ApiError, error_answers
 from api.schemas import JobList, JobPublic, ResultUrl, text_results
@@ -165,7 +167,7 @@ def read_job(job: OwnedJobDep) -> JobPublic:
 
 @router.get(
     "/{job_id}/result",
-    responses={200: RESULT, **ERRORS},
+    responses={200: RESULT, **ERRORS, **error_answers(410)},
 )
 async def read_result(
     job: OwnedJobDep,
@@ -185,7 +187,7 @@ async def read_result(
     (OpenAI's shape), `text`, `srt` or `vtt` (`granularity=word`: a cue per word); with
     `download=url`, a presigned URL of the stored `json` result instead. A failed job answers
     409 `job_failed` with its reason, a cancelled one `job_cancelled`, one not yet done
-    `not_ready`."""
+    `not_ready`; a succeeded one whose result storage no longer has, 410 `result_gone`."""
     if job.status is JobStatus.failed:
         why = job.error.message if job.error else "no reason recorded"
         code = job.error.code if job.error else "internal"
@@ -199,11 +201,11 @@ async def read_result(
     if download is not None:
         if granularity != "segment":
             raise ApiError(422, "invalid_request", "download=url serves the stored json result")
-        return _download(job, storage, settings, format)
-    stored = await run_in_threadpool(storage.get, job.result_key)
+        return await run_in_threadpool(_download, job, storage, settings, format)
+    result = await stored_result(storage, job)
     writer = WRITERS[format]
     try:
-        body = writer.render(TranscriptResult.model_validate_json(stored), granularity)
+        body = writer.render(result, granularity)
     except GranularityError as e:
         raise ApiError(422, "invalid_request", str(e)) from None
     return Response(body, media_type=writer.media_type)
@@ -223,6 +225,8 @@ def _download(job: JobRecord, storage, settings, format: ResultFormat) -> Respon
             "invalid_request",
             "download=url serves the stored json result; other formats are rendered here",
         )
+    with result_gone_as_410(job):  # else a URL to nothing: the client meets storage's 404
+        storage.head(job.result_key)
     ttl = settings.result_url_ttl_s
     url = storage.presign(job.result_key, settings.s3_public_endpoint_url, ttl)
     expires = datetime.now(UTC) + timedelta(seconds=ttl)

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from api.deps import stored_result
 from api.errors import ApiError, error_answers
 from api.schemas import JobPublic, text_results
 from api.submit import Submitter, SubmitterDep
@@ -237,8 +238,7 @@ async def _facade(request: Request, submit: Submitter, form: _Form) -> Response:
     record = await submit.upload(parse=form.parse, fields=form.fields)
     record = await _wait(request, submit.store, record, submit.settings.sync_timeout_s)
     if record.status is JobStatus.succeeded:
-        stored = await run_in_threadpool(submit.storage.get, record.result_key)
-        return _render(TranscriptResult.model_validate_json(stored), form.response_format)
+        return _render(await stored_result(submit.storage, record), form.response_format)
     if record.status is JobStatus.failed:
         code = record.error.code if record.error else "internal"
         why = record.error.message if record.error else "no reason recorded"

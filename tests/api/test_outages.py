@@ -105,11 +105,15 @@ def test_storage_answering_5xx_is_unavailable(settings):
         server.shutdown()
 
 
-def test_a_succeeded_job_without_its_result_is_internal(settings):
-    """Storage answered, but not with what should be there: a fault of ours, not an outage."""
+@pytest.mark.parametrize("query", ["", "?format=text", "?format=srt", "?download=url"])
+def test_a_succeeded_job_whose_result_storage_lost_is_gone(settings, query):
+    """Storage answered that the result is not there (deleted, or a storage that lost what it
+    held, as the local stack's in-memory one did at each restart): 410, never a 500."""
+    settings = settings.model_copy(update={"s3_public_endpoint_url": settings.s3_endpoint_url})
     job = succeeded_job(settings)
     with TestClient(create_app(settings)) as c:
-        assert_error(c.get(f"/v1/jobs/{job.id}/result"), 500, "internal")
+        answer = c.get(f"/v1/jobs/{job.id}/result{query}")
+    assert_error(answer, 410, "result_gone", "no longer in storage", "submit the job again")
 
 
 def test_readiness_says_which_dependency_is_away_and_no_more(no_redis, no_storage):
