@@ -127,7 +127,9 @@ class _Form:
             del fields["model"]  # the server's default model
         self.response_format = fmt
         words = {"word_timestamps": True} if "word" in granularities else {}
-        return JobCreate.parse({**fields, **words, "task": self.task, "priority": "interactive"})
+        job = JobCreate.parse({**fields, **words, "task": self.task, "priority": "interactive"})
+        job._undo_translate = "transcribe the audio at /v1/audio/transcriptions instead"
+        return job
 
 
 def _form_schema(task: Task) -> dict:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
 from worker.contract.languages import LANGUAGES
@@ -126,6 +126,9 @@ class JobCreate(JobOptions):
         description="an http(s) URL posted the job's record, signed, when the job ends "
         "(docs/api.md, Webhooks); private and loopback addresses are refused",
     )
+    # how a caller takes back a translation an English-only model cannot make, in the words
+    # of the route that was asked (an OpenAI translations route has no task to drop)
+    _undo_translate: str = PrivateAttr("drop task=translate")
 
     @field_validator("webhook")
     @classmethod
@@ -163,8 +166,8 @@ class JobCreate(JobOptions):
             if self.task == "translate":
                 raise OptionError(
                     "invalid_option",
-                    f"model {model!r} is English-only and cannot translate: drop "
-                    f"task=translate{instead}",
+                    f"model {model!r} is English-only and cannot translate: "
+                    f"{self._undo_translate}{instead}",
                 )
             if self.language not in (None, "en"):
                 raise OptionError(
