@@ -16,12 +16,14 @@ STACK=$!
 trap 'status=$?; kill -TERM $STACK 2>/dev/null; wait $STACK 2>/dev/null || true
       if [ $status -eq 0 ]; then rm -f "$LOG"; else echo "stack log kept: $LOG" >&2; fi' EXIT
 
+# ready: Redis, storage and a worker with its model loaded (the first start converts it)
 printf 'starting the stack (log: %s) ' "$LOG"
-for _ in $(seq 180); do
+for _ in $(seq 300); do
   if curl -sf "$URL/readyz" >/dev/null; then break; fi
   if ! kill -0 $STACK 2>/dev/null; then echo; tail -20 "$LOG"; exit 1; fi
   printf '.'; sleep 1
 done
+curl -sf "$URL/readyz" >/dev/null || { echo; curl -s "$URL/readyz"; echo; tail -20 "$LOG"; exit 1; }
 echo " ready"
 
 echo "POST $URL/v1/jobs  file=@$CLIP"

@@ -232,7 +232,8 @@ class Stack:
 
         def ready() -> bool:
             try:
-                return client.get("/readyz").status_code == 200
+                checks = client.get("/readyz").json()["checks"]  # the workers start next
+                return checks["redis"] == checks["storage"] == "ok"
             except httpx.HTTPError:
                 return False
 

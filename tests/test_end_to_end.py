@@ -343,6 +343,12 @@ def test_stack_command_serves_and_stops_everything_on_ctrl_c(clips, stack_env, t
             wait_for_port(port, stack, timeout=90)
             children = psutil.Process(stack.pid).children(recursive=True)
             assert len(children) >= 3  # storage, worker, api
+            ready = httpx.get(f"{api}/readyz")
+            deadline = time.monotonic() + 120
+            while ready.status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.5)
+                ready = httpx.get(f"{api}/readyz")
+            assert ready.json()["checks"] == dict.fromkeys(("redis", "storage", "workers"), "ok")
             if job is None:
                 job = run_job(api, clips["en_jfk"].bytes, "jfk.flac")
                 assert job["status"] == "succeeded", log.name

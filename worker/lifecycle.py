@@ -6,6 +6,9 @@ as `whisperfleet worker`:
 - the default model loaded (and converted, the first time) before any message is taken;
 - the heartbeat that renews the lease of every job the process runs, and the looks at their
   records (`worker.looks`: cancels seen, progress written);
+- its presence on the queues it consumes (`worker.contract.presence`), marked once Celery
+  consumes them and renewed while the engine turns: the API's `/readyz` is ready only while
+  every queue has a worker;
 - the reconciler that takes over the jobs of workers that died (and ends those whose result is
   stored or whose age ran out), and deletes job inputs no record claims (`worker.orphans`);
 - Prometheus metrics on `WHISPERFLEET_METRICS_PORT`, and `/ready` there (200 once it takes
@@ -22,21 +25,32 @@ import logging
 import threading
 import time
 
-from celery.signals import setup_logging, worker_init, worker_shutdown
+import redis
+from celery.signals import (
+    setup_logging,
+    worker_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 from worker import logs, metrics
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import JobRecord
+from worker.contract.presence import Presence
 from worker.contract.settings import get_settings
 from worker.core import exit_with_core
 from worker.execute import stored_result
 from worker.leases import Reconciler
 from worker.orphans import OrphanSweeper
-from worker.tasks import app, transcribe
+from worker.tasks import WORKER_ID, app, transcribe
 
 log = logging.getLogger(__name__)
 
 _stop = threading.Event()
+_queues: list[str] = []  # those this worker consumes, once it does
+_leaving = threading.Event()  # set as it begins to shut down: its jobs in flight still run
+_presence_lock = threading.Lock()  # no mark renewed after it is withdrawn
 
 
 @setup_logging.connect
@@ -87,8 +101,48 @@ def _start(**_: object) -> None:
     metrics.READY.set()
 
 
+@worker_ready.connect
+def _present(sender, **_: object) -> None:
+    """Celery consumes the queues now: mark this worker on them, and keep the mark while its
+    engine turns (a stalled engine lets it lapse, as it lets the leases lapse)."""
+    _queues[:] = [queue.name for queue in sender.task_consumer.queues]
+    presence, ttl_s = Presence(transcribe.store.redis), get_settings().lease_s
+
+    def renew() -> None:
+        while True:
+            with _presence_lock:
+                if _leaving.is_set():
+                    return
+                if transcribe.engines.healthy():
+                    try:
+                        presence.mark(WORKER_ID, _queues, ttl_s)
+                    except redis.RedisError as e:
+                        log.warning("presence: Redis unavailable (%s); trying again", e)
+            if _leaving.wait(ttl_s / 3):
+                return
+
+    threading.Thread(target=renew, daemon=True).start()
+
+
+def _withdraw() -> None:
+    with _presence_lock:
+        _leaving.set()
+        try:
+            Presence(transcribe.store.redis).withdraw(WORKER_ID, _queues)
+        except redis.RedisError as e:
+            log.warning("presence: not withdrawn (%s); it lapses by itself", e)
+
+
+@worker_shutting_down.connect
+def _draining(**_: object) -> None:
+    """Draining from now (its jobs in flight finish): no longer counted as taking jobs. Sent
+    from a signal handler, which must not wait on Redis: withdrawn from a thread."""
+    threading.Thread(target=_withdraw, daemon=True).start()
+
+
 @worker_shutdown.connect
 def _stop_threads(**_: object) -> None:
     metrics.READY.clear()
+    _withdraw()
     _stop.set()
     transcribe.engines.close()

@@ -8,6 +8,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import StorageDep, StoreDep
 from api.schemas import Health
+from worker.contract.jobs import QUEUES
+from worker.contract.presence import Presence
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
@@ -21,10 +23,20 @@ def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 async def readyz(store: StoreDep, storage: StorageDep) -> JSONResponse:
-    """Redis and object storage answer (the bucket is created if missing): `ok` or
-    `unavailable` for each; why is logged, not answered (it names hosts and ports)."""
+    """Redis and object storage answer (the bucket is created if missing), and a worker takes
+    jobs from each queue: `ok` or `unavailable` for each part; why is logged, not answered
+    (it names hosts and ports). A job submitted while only `workers` is unavailable is kept
+    and waits in its queue."""
+    presence = Presence(store.redis, store.prefix)
+
+    def workers() -> None:
+        idle = [q for q, n in presence.workers(list(QUEUES)).items() if not n]
+        if idle:
+            raise LookupError(f"no worker takes jobs from {', '.join(idle)}")
+
     checks = {}
-    for name, probe in (("redis", store.redis.ping), ("storage", storage.ensure_bucket)):
+    probes = (("redis", store.redis.ping), ("storage", storage.ensure_bucket), ("workers", workers))
+    for name, probe in probes:
         try:
             await run_in_threadpool(probe)
             checks[name] = "ok"

@@ -2,6 +2,7 @@
 
 import io
 import json
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from worker.contract.jobs import JobStatus, JobStore
 from worker.contract.options import JobCreate
+from worker.contract.presence import Presence
 from worker.storage import Storage
 
 
@@ -364,10 +366,23 @@ def test_missing_file_and_wrong_content_type(client):
     assert_error(client.post("/v1/jobs", json={"file": "x"}), 422, "invalid_request", "multipart")
 
 
-def test_health_and_readiness(client):
+def test_health_and_readiness(client, settings):
+    """Ready while a worker takes jobs from every queue (a worker's mark, as its heartbeat
+    renews it; tests/faults has real workers come and go)."""
     assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
+    presence = Presence(redis.Redis.from_url(settings.redis_url))
+    expected = {"redis": "ok", "storage": "ok", "workers": "unavailable"}
+    assert client.get("/readyz").json() == {"status": "unavailable", "checks": expected}
+    presence.mark("w1", ["interactive"], ttl_s=60)
+    assert client.get("/readyz").status_code == 503  # no worker takes bulk jobs
+    presence.mark("w2", ["bulk"], ttl_s=0.3)
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"redis": "ok", "storage": "ok"}
+    assert ready.status_code == 200 and ready.json()["checks"] == {**expected, "workers": "ok"}
+    time.sleep(0.4)  # w2 died without withdrawing: its mark lapsed
+    assert client.get("/readyz").json()["checks"]["workers"] == "unavailable"
+    presence.mark("w2", ["bulk"], ttl_s=60)
+    presence.withdraw("w1", ["interactive"])
+    assert presence.workers(["interactive", "bulk"]) == {"interactive": 0, "bulk": 1}
 
 
 def test_readiness_reports_unreachable_storage(settings):

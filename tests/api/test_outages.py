@@ -123,7 +123,7 @@ def test_readiness_says_which_dependency_is_away_and_no_more(no_redis, no_storag
     assert response.status_code == 503
     assert response.json() == {
         "status": "unavailable",
-        "checks": {"redis": "unavailable", "storage": "unavailable"},
+        "checks": {"redis": "unavailable", "storage": "unavailable", "workers": "unavailable"},
     }
 
 

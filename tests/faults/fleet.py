@@ -19,7 +19,9 @@ import numpy as np
 import psutil
 import redis
 import soundfile as sf
+from fastapi.testclient import TestClient
 
+from api.main import create_app as create_api
 from tests.conftest import free_port, stop, wait_for_port
 from worker import s3_server
 from worker.app import create_app
@@ -225,6 +227,23 @@ class Fleet:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id} did not start on worker {pid} within {timeout} s")
+
+    def readiness(self) -> str:
+        """What the fleet's API answers for its workers at `/readyz`."""
+        with TestClient(create_api(self.settings)) as c:
+            answer = c.get("/readyz")
+        checks = answer.json()["checks"]
+        assert (answer.status_code == 200) == all(v == "ok" for v in checks.values()), answer
+        return checks["workers"]
+
+    def wait_readiness(self, workers: str, timeout: float = 120) -> float:
+        """Seconds until `/readyz` answers `workers` for the fleet's workers."""
+        started = time.monotonic()
+        while self.readiness() != workers:
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"/readyz did not say workers {workers} in {timeout} s")
+            time.sleep(0.2)
+        return time.monotonic() - started
 
     def wait_all(self, ids: list[str], timeout: float = 240) -> None:
         self.wait_until(ids, set(TERMINAL), len(ids), timeout)

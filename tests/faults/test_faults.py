@@ -132,7 +132,9 @@ def test_sigterm_during_a_batch_drains_without_loss_or_repeats(fleet, inputs):
     ids = submit_many(fleet, inputs, 24)
     first = fleet.start_worker()
     fleet.wait_until(ids, RUNNING, 1, timeout=120)
+    assert fleet.readiness() == "ok"
     first.terminate()  # warm shutdown: take nothing more, finish what is in flight
+    fleet.wait_readiness("unavailable", timeout=5)  # draining: no longer a worker taking jobs
     assert first.wait(timeout=120) == 0
     fleet.start_worker()
     fleet.wait_all(ids)
@@ -196,13 +198,18 @@ def test_storage_frozen_for_30_s_delays_jobs_and_fails_none(fleet, storage_serve
 
 
 def test_a_worker_for_interactive_jobs_alone_leaves_bulk_ones_to_another(fleet, inputs):
+    """And the API is ready only once every queue has a worker (issue #37: `/readyz` said
+    ready some 20 s before any worker was there)."""
+    assert fleet.readiness() == "unavailable"
     bulk = submit_many(fleet, inputs, 3)
     interactive = submit_many(fleet, inputs, 3, priority="interactive")
     fleet.start_worker(None, "--queues", "interactive")
     fleet.wait_all(interactive)
+    assert fleet.readiness() == "unavailable"  # none takes bulk jobs
     assert {fleet.store.get(i).status for i in bulk} == {"queued"}
     assert fleet.redis.llen("bulk") == 3  # still queued, not taken and held
     fleet.start_worker(None, "--queues", "bulk")
+    fleet.wait_readiness("ok")
     fleet.wait_all(bulk)
     tally = fleet.tally(bulk + interactive)
     assert (tally.succeeded, tally.duplicates, tally.lost) == (6, 0, 0)
