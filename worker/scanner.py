@@ -526,7 +526,14 @@ def _queue() -> Queue:
 
 def create_backfill_app(settings: Settings) -> Celery:
     """The scanner's and beat's Celery app: only the `backfills` queue, and redbeat's
-    scheduler, its entries and lock in the fleet's Redis."""
+    scheduler, its entries and lock in the fleet's Redis.
+
+    Its redbeat client is made here, before any thread uses the app: redbeat makes it on
+    first use without a lock, so threads saving or deleting their first entries at once each
+    made one, and each client replaced by another's closed its pool as it was dropped, under
+    the save still using it (500s and 503s when starts or cancels came together)."""
+    from redbeat.schedulers import get_redis
+
     app = Celery("whisperfleet-backfills", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -546,6 +553,7 @@ def create_backfill_app(settings: Settings) -> Celery:
         redbeat_lock_key="whisperfleet:redbeat:lock",
         redbeat_lock_timeout=30,  # a beat killed holding the lock is replaced after this
     )
+    get_redis(app)
     return app
 
 

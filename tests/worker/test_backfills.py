@@ -632,3 +632,58 @@ def test_a_start_retried_with_its_idempotency_key_is_one_backfill(client, world)
     other = client.post("/v1/backfills", json={**body, "formats": ["srt"]}, headers=key)
     assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
     assert [b["id"] for b in client.get("/v1/backfills").json()["data"]] == [first.json()["id"]]
+
+
+def at_once(n: int, call) -> list:
+    """`call(i)` for i in range(n), from n threads let go together."""
+    barrier = threading.Barrier(n)
+
+    def go(i):
+        barrier.wait()
+        return call(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(go, range(n)))
+
+
+def test_scheduled_starts_and_cancels_at_the_same_moment_all_answer(world):
+    """A fresh API's first schedule saves, and another's first deletes, from many threads at
+    once: each answers, and beat's entries follow (the redbeat client is shared)."""
+    world.put("many/0.flac", world.audio)
+    n = 24
+    settings = world.settings.model_copy(update={"backfill_max_active": n})
+    body = {"source": f"s3://{ARCHIVE}/many/", "schedule": "@every 1m"}
+    entry, due = "whisperfleet:redbeat:backfill:{}", "whisperfleet:redbeat::schedule"
+    with TestClient(create_app(settings)) as c:
+        c.app.state.tenants.update("default", outputs=settings.tenant_sources)
+        started = at_once(n, lambda _: c.post("/v1/backfills", json=body))
+        assert [a.status_code for a in started] == [201] * n, [a.text for a in started]
+        ids = {a.json()["id"] for a in started}
+        listed = c.get("/v1/backfills", params={"limit": 100}).json()["data"]
+        assert {b["id"] for b in listed} == ids
+    keys = [entry.format(i) for i in ids]
+    assert all(world.store.redis.hexists(k, "definition") for k in keys)
+    assert all(world.store.redis.zscore(due, k) is not None for k in keys)
+    with TestClient(create_app(settings)) as c:
+        order = sorted(ids)
+        cancelled = at_once(n, lambda i: c.delete(f"/v1/backfills/{order[i]}"))
+        assert [a.status_code for a in cancelled] == [200] * n, [a.text for a in cancelled]
+        assert {c.get(f"/v1/backfills/{i}").json()["status"] for i in ids} == {"cancelled"}
+    assert not any(world.store.redis.exists(k) for k in keys)
+    assert world.store.redis.zcard(due) == 0
+
+
+def test_a_schedule_store_out_of_reach_answers_503(client, world, monkeypatch):
+    world.put("away/0.flac", world.audio)
+    record = world.backfill("away/", schedule="@nightly")
+    away = world.settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/14"})
+    monkeypatch.setattr(client.app.state, "backfill_celery", create_backfill_app(away))
+    body = {"source": f"s3://{ARCHIVE}/away/", "schedule": "@nightly"}
+    for answer in (
+        client.post("/v1/backfills", json=body),
+        client.delete(f"/v1/backfills/{record.id}"),
+    ):
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "unavailable"
+        assert answer.headers["Retry-After"]
+    assert [b["id"] for b in client.get("/v1/backfills").json()["data"]] == [record.id]
