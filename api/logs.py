@@ -1,5 +1,6 @@
-"""The API's access log keeps no query string's values: a presigned URL's signature, a token
-or a key sent in a query would otherwise sit in every log collector that reads it."""
+"""What the API's server logs. Its access log keeps no query string's values: a presigned
+URL's signature, a token or a key sent in a query would otherwise sit in every log collector
+that reads it. Its start says one line (uvicorn's "running on"), not five."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ import logging
 from urllib.parse import parse_qsl
 
 ACCESS_LOGGER = "uvicorn.access"
+SERVER_LOGGER = "uvicorn.error"  # uvicorn's name for its server's own lines
+# the server's steps at start and stop, each a line of its own, that say nothing amiss
+STEPS = (
+    "Started server process",
+    "Waiting for application startup",
+    "Application startup complete",
+    "Waiting for application shutdown",
+    "Application shutdown complete",
+    "Finished server process",
+)
 
 
 def without_values(path: str) -> str:
@@ -28,7 +39,14 @@ class RedactQuery(logging.Filter):
         return True
 
 
-def redact_access_log() -> None:
-    logger = logging.getLogger(ACCESS_LOGGER)
-    if not any(isinstance(f, RedactQuery) for f in logger.filters):
-        logger.addFilter(RedactQuery())
+class WithoutSteps(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(STEPS))
+
+
+def configure() -> None:
+    """Installed once on uvicorn's loggers (create_app may run more than once)."""
+    for name, kind in ((ACCESS_LOGGER, RedactQuery), (SERVER_LOGGER, WithoutSteps)):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())

@@ -10,8 +10,8 @@ from fastapi import APIRouter, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 
+from api import logs
 from api.errors import install_error_handlers
-from api.logs import redact_access_log
 from api.routes import backfills, health, jobs, openai
 from worker.app import create_app as create_celery
 from worker.contract.backfills import BackfillStore
@@ -36,7 +36,7 @@ def _operation_id(route: APIRoute) -> str:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    redact_access_log()
+    logs.configure()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

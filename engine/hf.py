@@ -56,6 +56,17 @@ def is_transformers(model: str) -> bool:
     return model.startswith(PREFIX)
 
 
+def quiet_transformers() -> None:
+    """transformers' noise left out of a worker's log and a tool's table: its progress bar
+    for loading weights, and its warnings about its own internals (Whisper's `generate` passes
+    `generation_config` with the suppressed tokens beside it, which its next version
+    deprecates); its errors stay."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 class TransformersEngine:
     """A transformers speech model and its processor on one device."""
 
@@ -81,6 +92,7 @@ class TransformersEngine:
         self.dtype = DTYPES.get(config.dtype) or (
             torch.float16 if self.device.type == "cuda" else torch.float32
         )
+        quiet_transformers()
         self.ctc = AutoConfig.from_pretrained(path).model_type in MODEL_FOR_CTC_MAPPING_NAMES
         auto = AutoModelForCTC if self.ctc else AutoModelForSpeechSeq2Seq
         model = auto.from_pretrained(path, dtype=self.dtype)

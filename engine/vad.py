@@ -14,6 +14,7 @@ dropped, each region padded a little.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -83,7 +84,10 @@ def load(device: str = "cpu") -> SileroVAD:
     `device`. (The wheel's safetensors file holds other weights than its TorchScript model,
     which its own functions load.)"""
     path = resources.files("silero_vad.data").joinpath("silero_vad.jit")
-    with resources.as_file(path) as file:
+    # TorchScript is the one form of these weights the wheel ships that torch reads; torch
+    # deprecates reading it (torch.export's), which is the wheel's to change, not ours
+    with resources.as_file(path) as file, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.load` is deprecated", DeprecationWarning)
         scripted = torch.jit.load(str(file), map_location="cpu")
     weights = {}
     for name, tensor in scripted._model.state_dict().items():

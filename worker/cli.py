@@ -8,12 +8,12 @@ import importlib.util
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
+import warnings
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from worker.contract.formats import WRITERS
 from worker.contract.jobs import QUEUES
 from worker.contract.options import JobCreate, Mode, OptionError, Task, values
 from worker.contract.settings import get_settings
+from worker.logs import worker_argv
 from worker.supervisor import Child, Supervisor
 
 # What the `engine` extra installs; only `api` runs without it. PyAV (`av`) is not among them:
@@ -104,17 +105,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     # what the worker runs besides its jobs starts from Celery's signals (worker.lifecycle),
     # as it does under `celery -A worker.app worker`
-    app.worker_main(
-        [
-            "worker",
-            "--loglevel=INFO",
-            f"--concurrency={concurrency}",
-            f"--hostname=whisperfleet-{os.getpid()}@{socket.gethostname()}",
-            f"--queues={args.queues}",
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
+    app.worker_main(worker_argv("whisperfleet", args.queues, concurrency))
     return 0
 
 
@@ -314,7 +305,7 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
     ensure_redis(settings, start=False)
     ensure_storage(settings, start=False)
     port = settings.metrics_port
-    metrics.serve(settings.metrics_host, port)
+    served = metrics.serve(settings.metrics_host, port)
     cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", "1", "--queues", queues]
     if concurrency:
         cli += ["--concurrency", str(concurrency)]
@@ -328,8 +319,9 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
                 supervised.add(Child(f"job process {i + 1}", cli, env))
             core.load(settings.default_model)
             log.info(
-                "engine core ready in %.1f s (%s warm), fed by %d job processes",
+                "engine core ready in %.1f s (%s warm), fed by %d job processes%s",
                 time.monotonic() - started, settings.default_model, processes,
+                f"; metrics on {served}" if served else "",
             )  # fmt: skip
             threading.Thread(target=_ready_when, args=(core, processes), daemon=True).start()
             return supervised.watch()
@@ -880,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"whisperfleet: {_settings_problems(e)}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
+    # Celery warns, in a paragraph, of a worker run as root, whatever it runs: our images run
+    # as a user of their own (Dockerfile), and the local stack is one user's on this machine
+    warnings.filterwarnings("ignore", "You're running the worker with superuser privileges")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

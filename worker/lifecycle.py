@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 _stop = threading.Event()
 _queues: list[str] = []  # those this worker consumes, once it does
+_said_at_start: list[str] = []  # its model's load, its metrics: for its one line at start
 _leaving = threading.Event()  # set as it begins to shut down: its jobs in flight still run
 _presence_lock = threading.Lock()  # no mark renewed after it is withdrawn
 
@@ -64,14 +65,17 @@ def _start(**_: object) -> None:
     loaded, the threads started; then it is ready."""
     settings = get_settings()
     logs.configure(settings.log_format)  # Celery sets its logging up only after this signal
-    metrics.serve(
+    served = metrics.serve(
         settings.metrics_host, settings.metrics_port, transcribe.store, transcribe.leases.held
     )
     transcribe.engines.on_exit = exit_with_core
     started = time.monotonic()
     transcribe.engines.load(settings.default_model)  # and warmed, in the engine core
     took = time.monotonic() - started
-    log.info("ready in %.1f s: %s loaded and warm", took, settings.default_model)
+    _said_at_start[:] = [
+        f"; {settings.default_model} loaded and warm in {took:.1f} s"
+        + (f"; metrics on {served} (/ready there)" if served else "")
+    ]
 
     def stored(record: JobRecord) -> float | None:
         result = stored_result(transcribe.storage, record)
@@ -106,6 +110,7 @@ def _present(sender, **_: object) -> None:
     """Celery consumes the queues now: mark this worker on them, and keep the mark while its
     engine turns (a stalled engine lets it lapse, as it lets the leases lapse)."""
     _queues[:] = [queue.name for queue in sender.task_consumer.queues]
+    logs.ready(sender, "jobs", *_said_at_start)
     presence, ttl_s = Presence(transcribe.store.redis), get_settings().lease_s
 
     def renew() -> None:

@@ -158,11 +158,12 @@ class _Quiet(WSGIRequestHandler):
 
 def serve(
     host: str, port: int, store: JobStore | None = None, held: set[str] | None = None
-) -> None:
+) -> str | None:
     """Serve `/metrics` and `/ready` from a thread; held: the ids of the jobs whose lease
-    this worker holds (without a store: a process that runs no jobs, the engine's metrics)."""
+    this worker holds (without a store: a process that runs no jobs, the engine's metrics).
+    Returns where, for the process's line at start (None: not served)."""
     if not port:
-        return
+        return None
     if store is not None:
         REGISTRY.register(_Scraped(store, held))
     try:
@@ -172,6 +173,6 @@ def serve(
         server = make_server(host, port, app, server_class, handler_class=_Quiet)
     except OSError as e:  # another worker on this host has the port: run without
         log.warning("metrics: port %d unavailable (%s); not serving metrics", port, e)
-        return
+        return None
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    log.info("metrics on http://%s:%d/metrics, readiness on /ready", host, port)
+    return f"http://{host}:{port}/metrics"

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -48,6 +46,7 @@ import redis
 from botocore.exceptions import BotoCoreError, ClientError
 from celery import Celery
 from celery.schedules import schedule as every
+from celery.signals import worker_ready
 from kombu import Exchange, Queue
 
 from worker.app import create_app as create_job_app
@@ -80,6 +79,7 @@ from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings, get_settings
 from worker.contract.uploads import EXPECTED, HEAD_BYTES, Inspector, Sniffed
 from worker.logs import configure as configure_logs
+from worker.logs import ready, worker_argv
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -630,17 +630,8 @@ def run(concurrency: int = 2) -> None:
     pumping = threading.Thread(target=pump, args=(scanner, stop), name="pump", daemon=True)
     pumping.start()
     try:
-        app.worker_main(
-            [
-                "worker",
-                "--loglevel=INFO",
-                f"--queues={BACKFILL_QUEUE}",
-                f"--concurrency={concurrency}",
-                f"--hostname=whisperfleet-scanner-{os.getpid()}@{socket.gethostname()}",
-                "--without-gossip",
-                "--without-mingle",
-            ]
-        )
+        worker_ready.connect(lambda sender, **_: ready(sender, "scheduled runs"), weak=False)
+        app.worker_main(worker_argv("whisperfleet-scanner", BACKFILL_QUEUE, concurrency))
     finally:
         stop.set()
         pumping.join(LOCK_TTL_S)  # its step ends, then it lets go of the lock
@@ -650,4 +641,8 @@ def beat() -> None:
     """`whisperfleet beat`: Celery beat with the backfills' schedules."""
     settings = get_settings()
     configure_logs(settings.log_format)
-    app.Beat(loglevel="INFO", scheduler="redbeat.RedBeatScheduler").run()
+    log.info(
+        "beat ready: sends backfills' scheduled runs while it holds the lock in Redis (one beat "
+        "at a time sends them)"
+    )
+    app.Beat(loglevel="INFO", scheduler="redbeat.RedBeatScheduler", quiet=True).run()

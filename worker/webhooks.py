@@ -51,7 +51,6 @@ import http.client
 import ipaddress
 import json
 import logging
-import os
 import random
 import socket
 import ssl
@@ -66,13 +65,14 @@ from urllib.parse import urlsplit
 import redis
 from celery import Celery, Task
 from celery.exceptions import Reject
+from celery.signals import worker_ready
 from kombu import Exchange, Queue
 
 from worker.contract.jobs import TERMINAL, JobRecord, JobStore
 from worker.contract.settings import Settings, get_settings
 from worker.contract.tenants import Tenants
 from worker.logs import configure as configure_logs
-from worker.logs import current_job
+from worker.logs import current_job, ready, worker_argv
 
 log = logging.getLogger(__name__)
 
@@ -523,14 +523,5 @@ def run(concurrency: int, backoff_s: float = DEFAULT_BACKOFF_S) -> None:
     settings = get_settings()
     configure_logs(settings.log_format)
     _networks(settings.webhook_allow_networks)  # a list that does not parse stops us here
-    app.worker_main(
-        [
-            "worker",
-            "--loglevel=INFO",
-            f"--queues={WEBHOOK_QUEUE}",
-            f"--concurrency={concurrency}",
-            f"--hostname=whisperfleet-webhooks-{os.getpid()}@{socket.gethostname()}",
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
+    worker_ready.connect(lambda sender, **_: ready(sender, "webhooks"), weak=False)
+    app.worker_main(worker_argv("whisperfleet-webhooks", WEBHOOK_QUEUE, concurrency))

@@ -13,6 +13,7 @@ from worker.contract.presence import Presence
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
+_away: dict[str, str] = {}  # the parts found unavailable, with why: logged when it changes
 
 
 @router.get("/healthz")
@@ -40,9 +41,13 @@ async def readyz(store: StoreDep, storage: StorageDep) -> JSONResponse:
         try:
             await run_in_threadpool(probe)
             checks[name] = "ok"
+            if _away.pop(name, None) is not None:
+                log.info("readyz: %s available again", name)
         except Exception as e:  # any failure means not ready
-            log.warning("readyz: %s unavailable: %s", name, e)
             checks[name] = "unavailable"
+            if _away.get(name) != str(e):  # said once, not at every probe
+                log.warning("readyz: %s unavailable: %s", name, e)
+                _away[name] = str(e)
     ready = all(v == "ok" for v in checks.values())
     body = Health(status="ready" if ready else "unavailable", checks=checks)
     return JSONResponse(status_code=200 if ready else 503, content=body.model_dump())

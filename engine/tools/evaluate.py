@@ -225,6 +225,9 @@ class TransformersReference:
     def __init__(self, stream: Stream):
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
+        from engine.hf import quiet_transformers
+
+        quiet_transformers()
         loaded = stream.engine.loaded
         self.processor = WhisperProcessor.from_pretrained(loaded.path)
         self.model = WhisperForConditionalGeneration.from_pretrained(

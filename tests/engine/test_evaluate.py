@@ -9,8 +9,11 @@ from engine.tools.evaluate import ClipResult, ManifestError, Report, evaluate, r
 DATA = Path(__file__).parent.parent / "data"
 
 
-def test_eval_reports_engine_and_transformers_side_by_side(tiny_en):
+def test_eval_reports_engine_and_transformers_side_by_side(tiny_en, capfd):
     report = evaluate(DATA / "manifest.jsonl", tiny_en, seeds=2)
+    # the table alone: no bar for transformers' loading, no warning about its internals
+    printed = capfd.readouterr()
+    assert "Loading weights" not in printed.err and "deprecated" not in printed.err
     assert [c.language for c in report.clips] == ["en"] * 3  # English-only model: no French
     rows = {metric: (engine, reference) for metric, engine, reference in report.rows()}
     engine, reference = rows["WER %, English clips <= 30 s (3)"]

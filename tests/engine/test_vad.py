@@ -1,5 +1,7 @@
 """Voice activity (engine.vad): the wheel's own model, batched, gives its probabilities."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -65,3 +67,12 @@ def test_speech_among_silence_is_found_where_it_is(clips):
     [(start, end)] = vad.regions_of(padded.astype(np.float32))
     assert start == pytest.approx(10 + alone[0][0], abs=0.1)
     assert end == pytest.approx(10 + alone[-1][1], abs=0.1)
+
+
+def test_loading_the_wheels_model_warns_of_nothing():
+    """torch deprecates reading TorchScript, the one form of the weights the wheel ships
+    that torch reads: not a warning for a user of ours to act on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vad.load.__wrapped__()
+    assert not [str(w.message) for w in caught]

@@ -517,7 +517,7 @@ def webhooks_process(redis_url, tmp_path_factory):
     with open(log_path, "w") as log:
         proc = subprocess.Popen([*argv, "--backoff", "0.3"], env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 60
-    while "ready." not in log_path.read_text():
+    while "ready: takes webhooks" not in log_path.read_text():
         assert proc.poll() is None, log_path.read_text()
         assert time.monotonic() < deadline, log_path.read_text()
         time.sleep(0.1)
