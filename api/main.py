@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 
 from api import logs
+from api.docs_ui import install_docs
 from api.errors import install_error_handlers
 from api.routes import backfills, health, jobs, openai
 from worker.app import create_app as create_celery
@@ -67,6 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        docs_url=None,  # FastAPI's pages load their assets from a CDN: api.docs_ui's do not
+        redoc_url=None,
     )
     install_error_handlers(app)
     if settings.cors_origins:
@@ -79,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     for router in (*ROUTERS, _head_routes(ROUTERS)):
         app.include_router(router)
+    install_docs(app)
     return app
 
 
