@@ -200,7 +200,7 @@ class Submitter:
         job = job.resolve(self.settings, kind)
         if job.webhook:
             try:
-                allowed = self.settings.webhook_allow_networks
+                allowed = self.limits.webhook_networks  # the tenant's, or the fleet's
                 await run_in_threadpool(destination, job.webhook, allowed)
             except WebhookRefused as e:
                 raise ApiError(422, "invalid_webhook", str(e)) from e

@@ -381,7 +381,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 
 def _tenant_settings(args: argparse.Namespace) -> int:
-    """A tenant's settings: what it may read from storage, its limits, its webhook secret."""
+    """A tenant's settings: what it may read and write in storage, its limits, its webhooks."""
     from pydantic import ValidationError
 
     from worker.contract.tenants import TenantError
@@ -394,13 +394,23 @@ def _tenant_settings(args: argparse.Namespace) -> int:
     if args.action == "set":
         changes = {
             name: value
-            for name in ("sources", "outputs", "jobs_per_minute", "jobs_in_flight")
+            for name in (
+                "sources",
+                "outputs",
+                "jobs_per_minute",
+                "jobs_in_flight",
+                "webhook_networks",
+            )
             if (value := getattr(args, name)) is not None
         }
         if args.default_sources:
             changes["sources"] = None
         if args.no_outputs:
             changes["outputs"] = None
+        if args.public_webhooks_only:
+            changes["webhook_networks"] = []
+        if args.default_webhook_networks:
+            changes["webhook_networks"] = None
         try:
             tenants.update(args.tenant, **changes)
         except (TenantError, ValidationError) as e:
@@ -716,7 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("id", help="the key's id, from `keys list`")
     p.set_defaults(func=_keys)
 
-    p = sub.add_parser("tenants", help="a tenant's settings: sources, limits, webhook secret")
+    p = sub.add_parser("tenants", help="a tenant's settings: sources, limits, webhooks")
     tenant = p.add_subparsers(dest="action", required=True)
     tenant.add_parser("list", help="tenants with settings or keys")
     t = tenant.add_parser("show", help="settings in effect (configuration defaults filled in)")
@@ -746,6 +756,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-outputs", action="store_true", help="no prefix of its own to write")
     t.add_argument("--jobs-per-minute", type=int, help="jobs the tenant may submit a minute")
     t.add_argument("--jobs-in-flight", type=int, help="its jobs queued or running at once")
+    t.add_argument(
+        "--webhook-network",
+        dest="webhook_networks",
+        action="append",
+        metavar="CIDR",
+        help="a network its webhooks may reach although private, loopback or link-local "
+        "(repeat; replaces the list)",
+    )
+    t.add_argument(
+        "--public-webhooks-only",
+        action="store_true",
+        help="its webhooks reach public addresses only, whatever "
+        "WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS allows",
+    )
+    t.add_argument(
+        "--default-webhook-networks",
+        action="store_true",
+        help="back to WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS",
+    )
     p.set_defaults(func=_tenant_settings)
 
     p = sub.add_parser("transcribe", help="transcribe files here, without the queue")

@@ -441,7 +441,8 @@ class Sender:
             done = (Outcome.delivered, Outcome.refused)
             return Outcome(state) if state in done else Outcome.claimed
         data = body(record)
-        secret = Tenants(self.redis, self.settings, self.prefix).get(record.tenant).webhook_secret
+        tenants = Tenants(self.redis, self.settings, self.prefix)
+        secret = tenants.get(record.tenant).webhook_secret
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
@@ -449,7 +450,9 @@ class Sender:
             EVENT_HEADER: event_id,
             SIGNATURE_HEADER: sign(secret, attempt_id, int(time.time()), data),
         }
-        allow, timeout = self.settings.webhook_allow_networks, self.settings.webhook_timeout_s
+        # the tenant's networks as they are now: a list narrowed since submission holds
+        allow = tenants.limits(record.tenant).webhook_networks
+        timeout = self.settings.webhook_timeout_s
         try:
             status = post(record.webhook, data, headers, allow, timeout)
         except WebhookRefused as e:

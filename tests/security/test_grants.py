@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from tests.api.test_jobs_api import assert_error
-from worker.contract.tenants import Tenants
+from worker.contract.tenants import TenantError, Tenants
 from worker.storage import Storage
 
 
@@ -105,3 +105,37 @@ def test_the_stack_lets_webhooks_reach_loopback_only_while_its_api_is_open():
         else:
             with pytest.raises(WebhookRefused):
                 destination("http://127.0.0.1:9/hook", networks)
+
+
+def test_each_tenant_posts_webhooks_only_where_its_own_networks_allow(settings, clips):
+    """The fleet's allow-list is every tenant's unless one has its own (issue #37: it was
+    global, so a tenant could post to another's receivers on a private network)."""
+    keyed = settings.model_copy(update={"auth": "keys", "webhook_allow_networks": ["10.0.0.0/8"]})
+    tenants = Tenants(redis.Redis.from_url(settings.redis_url), keyed)
+    tenants.update("own", webhook_networks=["127.0.0.1/8"])  # normalised: 127.0.0.0/8
+    tenants.update("public", webhook_networks=[])
+    assert tenants.limits("own").webhook_networks == ["127.0.0.0/8"]
+    assert tenants.limits("fleet").webhook_networks == ["10.0.0.0/8"]
+    assert tenants.limits("public").webhook_networks == []
+    reaches = {
+        "own": {"http://127.0.0.1:9/hook"},
+        "fleet": {"http://10.1.2.3/hook"},
+        "public": set(),
+    }
+    with TestClient(create_app(keyed)) as client:
+        for tenant, allowed in reaches.items():
+            key = {"authorization": f"Bearer {tenants.create_key(tenant)[0]}"}
+            for hook in ("http://127.0.0.1:9/hook", "http://10.1.2.3/hook", "http://[::1]/h"):
+                answer = client.post(
+                    "/v1/jobs",
+                    files={"file": ("a.flac", clips["en_jfk"].bytes)},
+                    data={"webhook": hook},
+                    headers=key,
+                )
+                if hook in allowed:
+                    assert answer.status_code == 202, (tenant, hook, answer.text)
+                else:
+                    assert_error(answer, 422, "invalid_webhook", "non-public")
+    with pytest.raises(TenantError, match="webhook network"):
+        tenants.update("own", webhook_networks=["10.0.0.0/33"])
+    assert tenants.limits("own").webhook_networks == ["127.0.0.0/8"]

@@ -62,7 +62,17 @@ def test_tenants_set_and_show_their_settings(settings):
     assert cli("list").stdout.split() == ["acme"]
     back = json.loads(cli("set", "acme", "--default-sources").stdout)
     assert back["sources"] == [] and back["jobs_per_minute"] == 5
-    for bad in (["--source", "http://x/y"], ["--jobs-per-minute", "0"]):
+    assert back["webhook_networks"] == [] and back["own"]["webhook_networks"] is None
+    nets = cli("set", "acme", "--webhook-network", "10.20.1.2/16", "--webhook-network", "::1")
+    assert json.loads(nets.stdout)["webhook_networks"] == ["10.20.0.0/16", "::1/128"]
+    public = json.loads(cli("set", "acme", "--public-webhooks-only").stdout)
+    assert public["webhook_networks"] == [] and public["own"]["webhook_networks"] == []
+    env["WHISPERFLEET_WEBHOOK_ALLOW_NETWORKS"] = "192.168.0.0/16"  # the fleet's list
+    assert json.loads(cli("show", "acme").stdout)["webhook_networks"] == []  # its own: none
+    unset = json.loads(cli("set", "acme", "--default-webhook-networks").stdout)
+    assert unset["webhook_networks"] == ["192.168.0.0/16"]
+    bad_nets = (["--webhook-network", "10.0.0.0/33"], ["--webhook-network", "intranet"])
+    for bad in (["--source", "http://x/y"], ["--jobs-per-minute", "0"], *bad_nets):
         refused = cli("set", "acme", *bad)
         assert refused.returncode == 2 and "whisperfleet tenants" in refused.stderr
 

@@ -487,6 +487,20 @@ def test_an_attempt_that_died_mid_post_is_not_repeated(sender, receiver):
     assert [p["headers"][ID_HEADER] for p in receiver.at("/died")] == [f"{record.id}-2"]
 
 
+def test_delivery_checks_the_tenants_own_networks_as_they_are_now(sender, receiver):
+    """The fleet allows loopback; a tenant narrowed to public addresses after it submitted
+    is refused at delivery, once, and nothing is posted; back on the fleet's list, posted."""
+    tenants = Tenants(sender.redis, sender.settings, sender.prefix)
+    tenants.update("acme", webhook_networks=[])
+    refused = finished(sender.store, receiver.url("/narrowed"), tenant="acme")
+    assert sender.attempt(refused.id, 1) is Outcome.refused
+    tenants.update("acme", webhook_networks=None)
+    posted = finished(sender.store, receiver.url("/narrowed"), tenant="acme")
+    assert sender.attempt(posted.id, 1) is Outcome.delivered
+    [got] = receiver.at("/narrowed")
+    assert got["headers"][ID_HEADER] == f"{posted.id}-1"
+
+
 def test_nothing_is_posted_for_a_job_not_ended_or_gone(sender, receiver):
     record = JobRecord(
         id=new_job_id(),

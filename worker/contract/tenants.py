@@ -4,13 +4,15 @@ Light on purpose (no torch, no FastAPI): the API looks keys up, the CLI manages 
 webhook sender reads a tenant's signing secret. A key is shown once, when it is made, and
 stored only as its SHA-256 (a key is 256 random bits: a slow hash buys nothing), so neither
 Redis nor a log holds one in clear. Each key belongs to one tenant; a tenant's settings
-(the `s3://` sources it may read, its limits, its webhook secret) live with its keys, and
+(the `s3://` sources it may read, its limits, the networks its webhooks may reach, its
+webhook secret) live with its keys, and
 what a tenant does not set comes from the configuration.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 import secrets
 from datetime import UTC, datetime
@@ -69,6 +71,14 @@ def check_source_prefix(uri: str) -> str:
     return f"s3://{bucket}/{prefix.removesuffix('/')}/" if prefix else f"s3://{bucket}/"
 
 
+def check_networks(cidrs: list[str]) -> list[str]:
+    """CIDRs as a webhook allow-list names them (`10.1.0.0/16`, `::1/128`), normalised."""
+    try:
+        return [str(ipaddress.ip_network(c.strip(), strict=False)) for c in cidrs]
+    except ValueError as e:
+        raise TenantError(f"webhook network: {e}") from None
+
+
 class TenantSettings(BaseModel):
     """What one tenant may do. None: the configuration's default."""
 
@@ -82,6 +92,12 @@ class TenantSettings(BaseModel):
     )
     jobs_per_minute: int | None = Field(None, gt=0)
     jobs_in_flight: int | None = Field(None, gt=0)
+    # one tenant's receivers on a private network are no place another tenant may post to:
+    # where tenants share a fleet, each gets its own list (an empty one: public addresses only)
+    webhook_networks: list[str] | None = Field(
+        None,
+        description="CIDRs its webhooks may reach although private, loopback or link-local",
+    )
     webhook_secret: str = Field(default_factory=lambda: "whsec_" + secrets.token_urlsafe(32))
 
 
@@ -92,6 +108,7 @@ class Limits(BaseModel):
     outputs: list[str] = Field(default_factory=list)
     jobs_per_minute: int
     jobs_in_flight: int
+    webhook_networks: list[str] = Field(default_factory=list)
 
     @field_validator("sources", "outputs")
     @classmethod
@@ -192,6 +209,8 @@ class Tenants:
         for grants in ("sources", "outputs"):
             if changes.get(grants):
                 changes[grants] = [check_source_prefix(s) for s in changes[grants]]
+        if changes.get("webhook_networks"):
+            changes["webhook_networks"] = check_networks(changes["webhook_networks"])
         current = self.get(tenant)
         updated = TenantSettings.model_validate({**current.model_dump(), **changes})
         self.redis.set(self._tenant(tenant), updated.model_dump_json())
@@ -208,10 +227,11 @@ class Tenants:
         raw = self.redis.get(self._tenant(tenant))
         own = TenantSettings.model_validate_json(raw).model_dump() if raw else {}
         s = self.settings
-        sources = own.get("sources")
+        sources, networks = own.get("sources"), own.get("webhook_networks")
         return Limits(
             sources=sources if sources is not None else self.default_sources,
             outputs=own.get("outputs") or [],
             jobs_per_minute=own.get("jobs_per_minute") or s.tenant_jobs_per_minute,
             jobs_in_flight=own.get("jobs_in_flight") or s.tenant_jobs_in_flight,
+            webhook_networks=networks if networks is not None else s.webhook_allow_networks,
         )
