@@ -29,6 +29,7 @@ REDIS_TIMEOUT_S = 5.0
 
 
 ROUTERS = (health.router, jobs.router, openai.router, backfills.router)
+API_THREADS = 40  # anyio's thread pool, where the routes' storage and Redis calls run
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -51,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             retention_s=settings.job_retention_s,
         )
         app.state.tenants = Tenants(app.state.store.redis, settings)
-        app.state.storage = Storage(settings)
+        app.state.storage = Storage(settings, threads=API_THREADS)
         app.state.celery = create_celery(settings)
         app.state.backfills = BackfillStore(app.state.store.redis)
         app.state.backfill_celery = create_backfill_app(settings)  # schedules, for beat

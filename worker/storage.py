@@ -28,8 +28,13 @@ def gone(e: Exception) -> bool:
     return isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") in GONE
 
 
+# connections kept to the store: botocore's default (10), or one per thread that may call it
+# at once (a worker's job threads), so that none opens and drops a connection of its own
+MIN_CONNECTIONS = 10
+
+
 class Storage:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, threads: int = MIN_CONNECTIONS):
         self.settings, self.bucket = settings, settings.s3_bucket
         self.client: BaseClient = boto3.client(
             "s3",
@@ -42,6 +47,7 @@ class Storage:
                 connect_timeout=min(5.0, settings.s3_timeout_s),
                 read_timeout=settings.s3_timeout_s,
                 s3={"addressing_style": "path"},
+                max_pool_connections=max(MIN_CONNECTIONS, threads),
             ),
         )
 

@@ -84,7 +84,7 @@ class JobTask(Task):
 
     @cached_property
     def storage(self) -> Storage:
-        return Storage(get_settings())
+        return Storage(get_settings(), threads=self.app.conf.worker_concurrency)
 
     @cached_property
     def engines(self) -> EngineCore:

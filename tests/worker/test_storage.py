@@ -1,5 +1,8 @@
 """Object storage over a real S3 HTTP endpoint (moto's server)."""
 
+import logging
+import threading
+
 import pytest
 
 from worker.storage import PART_SIZE, Storage
@@ -55,3 +58,35 @@ def test_pages_list_keys_under_a_prefix(storage):
     assert [sorted(page) for page in storage.pages("jobs/")] == [
         ["jobs/t/5/input", "jobs/t/5/result.json"]
     ]
+
+
+def _pool_full_warnings(storage: Storage, threads: int, caplog) -> int:
+    """`threads` threads reading at once, again and again: the times urllib3 found the pool
+    full and dropped a connection (each one made and closed for nothing)."""
+    storage.ensure_bucket()
+    storage.client.put_object(Bucket=storage.bucket, Key="jobs/t/4/input", Body=b"x" * 100_000)
+    start = threading.Barrier(threads)
+
+    def read() -> None:
+        start.wait()
+        for _ in range(5):
+            storage.get("jobs/t/4/input")
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+        workers = [threading.Thread(target=read) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    return sum("Connection pool is full" in r.getMessage() for r in caplog.records)
+
+
+def test_the_connection_pool_holds_a_connection_for_each_thread(settings, caplog):
+    """Issue #37: the worker's client kept 10 connections for 80 job threads ("Connection
+    pool is full" some 1,700 times in one run on the H200)."""
+    assert _pool_full_warnings(Storage(settings), 40, caplog) > 0  # botocore's 10: the finding
+    sized = Storage(settings, threads=40)
+    assert sized.client.meta.config.max_pool_connections == 40
+    assert _pool_full_warnings(sized, 40, caplog) == 0
+    assert Storage(settings, threads=2).client.meta.config.max_pool_connections == 10
