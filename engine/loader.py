@@ -126,7 +126,10 @@ def _tokenizer_dir(n_vocab: int, cache_dir: Path) -> Path:
     dst = cache_dir / "models" / f"tokenizer-{n_vocab}-c{CONVERTER_VERSION}"
     if (dst / "tokenizer.json").exists():
         return dst
-    src = package_file(PACKAGED["base"][0][0], "data")
+    try:
+        src = package_file(PACKAGED["base"][0][0], "data")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"random weights take the packaged base's tokenizer: {e}") from None
     vocabulary = (src / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
     tokenizer = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
     tokenizer = complete_tokenizer(tokenizer, vocabulary, 51865)

