@@ -17,6 +17,7 @@ queued job's delivery finds its record cancelled and is dropped.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from functools import cached_property
@@ -25,7 +26,6 @@ import redis
 from celery import Task
 from celery.exceptions import Reject
 from celery.signals import task_received
-from celery.utils.log import get_task_logger
 
 from worker.app import app
 from worker.contract.jobs import (
@@ -58,7 +58,7 @@ from worker.quarantine import Died, Quarantine, Unavailable
 from worker.storage import Storage
 from worker.webhooks import notify
 
-log = get_task_logger(__name__)
+log = logging.getLogger(__name__)  # not get_task_logger: its parent, "celery", is quiet
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
