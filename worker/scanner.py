@@ -87,6 +87,7 @@ log = logging.getLogger(__name__)
 BULK = QUEUES[-1]  # the queue consumed after interactive work: a backfill's jobs wait there
 BACKFILL_QUEUE = "backfills"
 SCHEDULED_TASK = "whisperfleet.backfill.scheduled"
+SCHEDULE_TIMEOUT_S = 5.0  # each call to the schedule's Redis, as the API's other calls
 LOCK_TTL_S = 15.0  # a scanner killed mid-step holds the scanners' lock this long
 IDLE_S = 0.5  # between steps that found nothing to do
 HARVEST_BATCH = 500  # jobs per manifest part, at most
@@ -552,6 +553,12 @@ def create_backfill_app(settings: Settings) -> Celery:
         redbeat_key_prefix="whisperfleet:redbeat:",  # entries: <prefix><name>, no separator
         redbeat_lock_key="whisperfleet:redbeat:lock",
         redbeat_lock_timeout=30,  # a beat killed holding the lock is replaced after this
+        # a Redis that takes the connection and never answers fails the call (503 in the API);
+        # redis-py before 8 would wait for ever
+        redbeat_redis_options={
+            "socket_timeout": SCHEDULE_TIMEOUT_S,
+            "socket_connect_timeout": SCHEDULE_TIMEOUT_S,
+        },
     )
     get_redis(app)
     return app
@@ -592,9 +599,13 @@ def _backfills() -> BackfillStore:
 
 @app.task(name=SCHEDULED_TASK, shared=False)
 def scheduled(backfill_id: str) -> None:
-    if _backfills().get(backfill_id) is None:  # its start failed after the entry was made
-        log.warning("scheduled run of backfill %s, which does not exist: entry removed",
-                    backfill_id)  # fmt: skip
+    """A scheduled time of a backfill came. One that is gone (its start failed after the
+    entry was made) or cancelled (its cancel cut short before the entry went) has its entry
+    removed: beat would fire it for ever."""
+    record = _backfills().get(backfill_id)
+    if record is None or record.state == "cancelled":
+        why = "does not exist" if record is None else "is cancelled"
+        log.warning("scheduled run of backfill %s, which %s: entry removed", backfill_id, why)
         unschedule(app, backfill_id)
         return
     start_run(_backfills(), backfill_id)

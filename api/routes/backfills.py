@@ -262,8 +262,10 @@ async def cancel_backfill(
     settings: SettingsDep,
 ) -> BackfillPublic:
     """Cancel: no more jobs are made, no more runs scheduled, its queued jobs are cancelled;
-    running ones finish (and are in the manifest). A finished backfill is answered as it is."""
-    if record.state == "active":
+    running ones finish (and are in the manifest). A finished backfill is answered as it is;
+    a cancelled one's cancel is done again, to its end: one cut short (the schedule store away,
+    503) left beat's entry and queued jobs behind."""
+    if record.state in ("active", "cancelled"):
 
         def cancel(r: BackfillRecord) -> BackfillRecord:
             if r.state != "active":

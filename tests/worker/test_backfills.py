@@ -6,6 +6,8 @@ tests/faults/test_backfills.py."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -687,3 +689,64 @@ def test_a_schedule_store_out_of_reach_answers_503(client, world, monkeypatch):
         assert answer.json()["error"]["code"] == "unavailable"
         assert answer.headers["Retry-After"]
     assert [b["id"] for b in client.get("/v1/backfills").json()["data"]] == [record.id]
+
+
+def test_a_cancel_cut_short_by_the_schedule_store_is_finished_by_the_next(
+    client, world, monkeypatch
+):
+    """Issue #37: a DELETE that answered 503 after the record was cancelled left beat's entry,
+    and each DELETE after it answered 200 without taking it out."""
+    world.put("again/0.flac", world.audio)
+    record = world.backfill("again/", schedule="@nightly")
+    reachable = client.app.state.backfill_celery
+    schedule(reachable, record)
+    key, due = f"whisperfleet:redbeat:backfill:{record.id}", "whisperfleet:redbeat::schedule"
+    away = world.settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/14"})
+    client.app.state.backfill_celery = create_backfill_app(away)
+    assert client.delete(f"/v1/backfills/{record.id}").status_code == 503
+    assert world.backfills.get(record.id).state == "cancelled"
+    assert world.store.redis.exists(key)
+    client.app.state.backfill_celery = reachable
+    again = client.delete(f"/v1/backfills/{record.id}")
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+    assert not world.store.redis.exists(key) and world.store.redis.zscore(due, key) is None
+
+
+def test_beat_firing_a_cancelled_backfill_removes_its_entry(world, monkeypatch, caplog):
+    """The entry of a backfill cancelled while the schedule store was away, had no DELETE
+    come again: its next scheduled time takes it out, and starts no run."""
+    from worker import scanner
+
+    world.put("late/0.flac", world.audio)
+    record = world.backfill("late/", schedule="@every 1m")
+    app = create_backfill_app(world.settings)
+    schedule(app, record)
+    world.backfills.update(record.id, lambda r: r.model_copy(update={"state": "cancelled"}))
+    monkeypatch.setattr(scanner, "app", app)
+    monkeypatch.setattr(scanner, "_backfills", lambda: world.backfills)
+    with caplog.at_level(logging.WARNING, logger="worker.scanner"):
+        scanner.scheduled(record.id)
+    assert f"backfill {record.id}, which is cancelled: entry removed" in caplog.text
+    assert not world.store.redis.exists(f"whisperfleet:redbeat:backfill:{record.id}")
+    assert world.backfills.get(record.id).run.number == record.run.number
+
+
+def test_a_schedule_store_that_never_answers_gets_503_not_a_wait_for_ever(client, world):
+    """A Redis that takes the connection and says nothing (frozen, or a black hole on the
+    way): the scheduled start answers 503 within the client's socket timeout and retries."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    frozen = f"redis://127.0.0.1:{silent.getsockname()[1]}/14"
+    client.app.state.backfill_celery = create_backfill_app(
+        world.settings.model_copy(update={"redis_url": frozen})
+    )
+    world.put("frozen/0.flac", world.audio)
+    body = {"source": f"s3://{ARCHIVE}/frozen/", "schedule": "@nightly"}
+    began = time.monotonic()
+    try:
+        answer = client.post("/v1/backfills", json=body)
+    finally:
+        silent.close()
+    assert answer.status_code == 503, answer.text
+    assert time.monotonic() - began < 60
