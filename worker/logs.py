@@ -53,6 +53,11 @@ def configure(fmt: str, level: int = logging.INFO) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("celery").setLevel(max(level, logging.WARNING))
+    # but beat's own lines: each scheduled run it sends, and which beat holds the lock (not its
+    # "Starting...": `ready` says that)
+    beat = logging.getLogger("celery.beat")
+    beat.setLevel(level)
+    beat.filters[:] = [lambda record: record.getMessage() != "beat: Starting..."]
 
 
 def worker_argv(role: str, queues: str, concurrency: int) -> list[str]:

@@ -636,7 +636,8 @@ def run(concurrency: int = 2) -> None:
     settings = get_settings()
     configure_logs(settings.log_format)
     client = redis.Redis.from_url(settings.redis_url)
-    scanner = Scanner(settings, client, Storage(settings), create_job_app(settings))
+    storage = Storage(settings, threads=THREADS)  # its pool's threads each read and copy
+    scanner = Scanner(settings, client, storage, create_job_app(settings))
     stop = threading.Event()
     pumping = threading.Thread(target=pump, args=(scanner, stop), name="pump", daemon=True)
     pumping.start()
