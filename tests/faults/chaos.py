@@ -224,8 +224,9 @@ class Client:
 
 
 class Monkey:
-    """Kills a random worker every `kill_every_s` (a replacement started at once), Redis once
-    at `redis_at_s`, freezes storage at `freeze_at_s` for `freeze_s`."""
+    """Kills a random worker every `kill_every_s` (a replacement started at once; `kills` of
+    them, or until the jobs end), Redis once at `redis_at_s`, freezes storage at
+    `freeze_at_s` for `freeze_s`."""
 
     def __init__(
         self,
@@ -236,9 +237,10 @@ class Monkey:
         redis_at_s: float | None,
         freeze_at_s: float | None,
         freeze_s: float,
+        kills: int | None = None,
         seed: int = 0,
     ):
-        self.fleet, self.storage, self.report = fleet, storage, report
+        self.fleet, self.storage, self.report, self.kills = fleet, storage, report, kills
         self.kill_every_s, self.redis_at_s = kill_every_s, redis_at_s
         self.freeze_at_s, self.freeze_s = freeze_at_s, freeze_s
         self.rng = random.Random(seed)
@@ -256,7 +258,9 @@ class Monkey:
         thaw_at = None
         while not self.stop.wait(0.2):
             now = time.monotonic()
-            if now >= next_kill:
+            if now >= next_kill and self.kills != 0:
+                if self.kills is not None:
+                    self.kills -= 1
                 alive = [w for w in self.fleet.workers if w.poll() is None]
                 victim = self.rng.choice(alive)
                 victim.kill()
@@ -303,13 +307,14 @@ def run(
     redis_at_s: float | None = 20,
     freeze_at_s: float | None = 40,
     freeze_s: float = 20,
+    kills: int | None = None,
     timeout_s: float = 900,
 ) -> Report:
     report, lock = Report(submitted=len(plan)), threading.Lock()
     api, url = start_api(fleet, fleet.folder)
     for _ in range(workers):
         fleet.start_worker()
-    monkey = Monkey(fleet, storage, report, kill_every_s, redis_at_s, freeze_at_s, freeze_s)
+    monkey = Monkey(fleet, storage, report, kill_every_s, redis_at_s, freeze_at_s, freeze_s, kills)
     start = time.monotonic()
     monkey.thread.start()
     try:
