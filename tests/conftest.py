@@ -22,6 +22,34 @@ DATA = Path(__file__).parent / "data"
 REDIS_URL = os.environ.get("WHISPERFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, each worker but the first gets a redis-server of its own (no
+    persistence, on a free port): the tests flush and watch their databases, and two files
+    at once would flush each other's."""
+    global REDIS_URL
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    if worker == "gw0" or "WHISPERFLEET_TEST_REDIS_URL" in os.environ:
+        return
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],  # fmt: skip
+        stdout=subprocess.DEVNULL,
+    )
+    wait_for_port(port, server)
+    config.add_cleanup(lambda: stop(server))
+    REDIS_URL = os.environ["WHISPERFLEET_TEST_REDIS_URL"] = f"redis://127.0.0.1:{port}"
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

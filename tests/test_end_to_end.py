@@ -17,6 +17,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.tools.wer import word_error_rate
+from tests import conftest
 from tests.conftest import free_port, random_ctc, stop, wait_for_port
 
 pytestmark = pytest.mark.slow
@@ -324,7 +325,7 @@ def test_stack_command_serves_and_stops_everything_on_ctrl_c(clips, stack_env, t
     port, storage_port = free_port(), free_port()
     env = {
         **stack_env,
-        "WHISPERFLEET_REDIS_URL": "redis://127.0.0.1:6379/13",
+        "WHISPERFLEET_REDIS_URL": f"{conftest.REDIS_URL}/13",
         "WHISPERFLEET_S3_ENDPOINT_URL": f"http://127.0.0.1:{storage_port}",
         "WHISPERFLEET_S3_BUCKET": f"stack-{uuid.uuid4().hex[:8]}",
         "WHISPERFLEET_DATA_DIR": str(tmp_path / "data"),

@@ -31,6 +31,7 @@ from openai.types.audio import (
 
 from api.main import create_app
 from engine.tools.wer import word_error_rate
+from tests import conftest
 from tests.conftest import free_port, stop, wait_for_port
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobStatus, JobStore
@@ -337,7 +338,7 @@ def test_openapi_describes_the_form_and_every_answer(client):
 
 # --- the official client against the real stack --------------------------------------------
 
-REDIS_URL = "redis://127.0.0.1:6379/13"  # the e2e `stack` test's db: never in use at once
+REDIS_URL = f"{conftest.REDIS_URL}/13"  # the e2e `stack` test's db: never in use at once
 
 
 @dataclass

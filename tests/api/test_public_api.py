@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from engine.tools.wer import word_error_rate
+from tests import conftest
 from tests.conftest import free_port, stop, wait_for_port
 from tests.faults.fleet import long_speech
 from tests.worker.test_webhooks import Receiver
@@ -25,7 +26,7 @@ from worker.storage import Storage
 from worker.webhooks import verify
 
 pytestmark = pytest.mark.slow
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = f"{conftest.REDIS_URL}/12"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 

@@ -22,6 +22,7 @@ import wave
 import pytest
 import redis
 
+from tests import conftest
 from tests.conftest import free_port, stop, wait_for_port
 from worker.backfill_cli import Progress, progress_line, screen
 from worker.contract.settings import Settings
@@ -29,7 +30,7 @@ from worker.contract.tenants import Tenants
 from worker.storage import Storage
 
 pytestmark = pytest.mark.slow
-REDIS_URL = "redis://127.0.0.1:6379/9"
+REDIS_URL = f"{conftest.REDIS_URL}/9"
 ID = re.compile(r"^bf_[0-9a-f]{24}$")
 NOT_AUDIO = b"this is not audio at all " * 4
 
