@@ -25,32 +25,31 @@ REDIS_URL = os.environ.get("WHISPERFLEET_TEST_REDIS_URL", "redis://127.0.0.1:637
 def pytest_configure(config):
     """Under pytest-xdist, each worker but the first gets a redis-server of its own (no
     persistence, on a free port): the tests flush and watch their databases, and two files
-    at once would flush each other's."""
+    at once would flush each other's. (WHISPERFLEET_TEST_REDIS_URL names one Redis for all:
+    then run with -n 0.)"""
     global REDIS_URL
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     if worker == "gw0" or "WHISPERFLEET_TEST_REDIS_URL" in os.environ:
         return
     port = free_port()
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],  # fmt: skip
-        stdout=subprocess.DEVNULL,
-    )
+    argv = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    server = subprocess.Popen([*argv, "--appendonly", "no"], stdout=subprocess.DEVNULL)
     wait_for_port(port, server)
     config.add_cleanup(lambda: stop(server))
     REDIS_URL = os.environ["WHISPERFLEET_TEST_REDIS_URL"] = f"redis://127.0.0.1:{port}"
 
 
+# the files that take minutes (a fleet, chaos, backfills at scale) go first: the last file
+# to start is then a short one, and the two workers end together
+LONG_FIRST = ("tests/faults/test_chaos.py", "tests/faults/test_backfills.py", "tests/faults/")
+
+
+def _start_order(item) -> int:
+    return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), len(LONG_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_start_order)  # stable: the order within each file is kept
     import torch
 
     if not torch.cuda.is_available():
