@@ -5,8 +5,8 @@ webhook sender reads a tenant's signing secret. A key is shown once, when it is 
 stored only as its SHA-256 (a key is 256 random bits: a slow hash buys nothing), so neither
 Redis nor a log holds one in clear. Each key belongs to one tenant; a tenant's settings
 (the `s3://` sources it may read, its limits, the networks its webhooks may reach, its
-webhook secret) live with its keys, and
-what a tenant does not set comes from the configuration.
+webhook secret) live with its keys, and what a tenant does not set comes from the
+configuration.
 """
 
 from __future__ import annotations
