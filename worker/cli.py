@@ -104,7 +104,6 @@ def _worker(args: argparse.Namespace) -> int:
     ensure_storage(settings, start=False)
     from worker.app import app
 
-    app.conf.worker_concurrency = concurrency  # as --concurrency says: the job storage's pool
     # what the worker runs besides its jobs starts from Celery's signals (worker.lifecycle),
     # as it does under `celery -A worker.app worker`
     app.worker_main(worker_argv("whisperfleet", args.queues, concurrency))

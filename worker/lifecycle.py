@@ -60,10 +60,12 @@ def _configure_logging(**_: object) -> None:
 
 
 @worker_init.connect
-def _start(**_: object) -> None:
+def _start(sender, **_: object) -> None:
     """Before the worker consumes: metrics (`/ready` says 503 meanwhile), the default model
     loaded, the threads started; then it is ready."""
     settings = get_settings()
+    if isinstance(sender.concurrency, int):  # as --concurrency or the settings gave it
+        transcribe.threads = sender.concurrency
     logs.configure(settings.log_format)  # Celery sets its logging up only after this signal
     served = metrics.serve(
         settings.metrics_host, settings.metrics_port, transcribe.store, transcribe.leases.held

@@ -67,6 +67,8 @@ class JobTask(Task):
     """Per-process resources, created on first use (Celery's DatabaseTask pattern), and the
     hooks that move the job's record."""
 
+    threads = 10  # the worker's job threads, as its pool has them: set at worker_init
+
     @cached_property
     def store(self) -> JobStore:
         settings = get_settings()
@@ -84,7 +86,7 @@ class JobTask(Task):
 
     @cached_property
     def storage(self) -> Storage:
-        return Storage(get_settings(), threads=self.app.conf.worker_concurrency)
+        return Storage(get_settings(), threads=self.threads)  # a connection for each
 
     @cached_property
     def engines(self) -> EngineCore:
