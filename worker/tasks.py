@@ -55,7 +55,7 @@ from worker.logs import current_job
 from worker.looks import Looks
 from worker.metrics import JOB_STAGE, JOBS
 from worker.quarantine import Died, Quarantine, Unavailable
-from worker.storage import Storage
+from worker.storage import MIN_CONNECTIONS, Storage
 from worker.webhooks import notify
 
 log = logging.getLogger(__name__)  # not get_task_logger: its parent, "celery", is quiet
@@ -67,7 +67,7 @@ class JobTask(Task):
     """Per-process resources, created on first use (Celery's DatabaseTask pattern), and the
     hooks that move the job's record."""
 
-    threads = 10  # the worker's job threads, as its pool has them: set at worker_init
+    threads = MIN_CONNECTIONS  # the worker's job threads, as its pool has them: set at worker_init
 
     @cached_property
     def store(self) -> JobStore:
