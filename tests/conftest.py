@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import time
@@ -32,9 +33,7 @@ def pytest_configure(config):
     if worker == "gw0" or "WHISPERFLEET_TEST_REDIS_URL" in os.environ:
         return
     port = free_port()
-    argv = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
-    server = subprocess.Popen([*argv, "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    wait_for_port(port, server)
+    server = start_redis(port, "--appendonly", "no")
     config.add_cleanup(lambda: stop(server))
     REDIS_URL = os.environ["WHISPERFLEET_TEST_REDIS_URL"] = f"redis://127.0.0.1:{port}"
 
@@ -121,6 +120,17 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
         except OSError:
             time.sleep(0.1)
     raise TimeoutError(f"nothing listens on port {port} after {timeout} s")
+
+
+def start_redis(port: int, *options: str) -> subprocess.Popen:
+    """A redis-server of the tests' own on loopback at `port`, no RDB snapshots, once it
+    listens; `options` as redis-server takes them (`--appendonly`, `--dir`)."""
+    exe = shutil.which("redis-server")
+    assert exe, "the tests need redis-server installed"
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *options]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    wait_for_port(port, proc)
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import soundfile as sf
 from fastapi.testclient import TestClient
 
 from api.main import create_app as create_api
-from tests.conftest import free_port, stop, wait_for_port
+from tests.conftest import free_port, start_redis, stop, wait_for_port
 from worker import s3_server
 from worker.app import create_app
 from worker.contract.dispatch import dispatch
@@ -42,14 +41,9 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        exe = shutil.which("redis-server")
-        assert exe, "the fault tests need redis-server installed"
-        self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-             "--appendonly", "yes", "--appendfsync", self.fsync, "--save", ""],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_for_port(self.port, self.proc)
+        self.proc = start_redis(
+            self.port, "--dir", str(self.folder), "--appendonly", "yes", "--appendfsync", self.fsync
+        )
 
     def restart_gracefully(self) -> None:
         """SIGTERM: Redis writes its AOF out and exits; then start it on the same folder."""

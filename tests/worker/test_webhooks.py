@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import free_port, stop, wait_for_port
+from tests.conftest import free_port, start_redis, stop
 from worker import webhooks
 from worker.app import create_app
 from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, Progress, new_job_id
@@ -51,15 +50,8 @@ LOOPBACK = ["127.0.0.0/8"]
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    exe = shutil.which("redis-server")
-    assert exe, "these tests need redis-server installed"
     port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path_factory.mktemp("redis"))],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    wait_for_port(port, proc)
+    proc = start_redis(port, "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis")))
     yield f"redis://127.0.0.1:{port}/0"
     stop(proc)
 
