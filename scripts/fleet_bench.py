@@ -1,10 +1,11 @@
 """The fleet against its own engine: the same inputs through the engine directly, then as jobs
-through Redis, a real `whisperfleet worker` and S3 storage (moto's server), on one device.
+through Redis, a real `whisperfleet worker` and S3 storage (the embedded server; SeaweedFS with
+`--weed PATH`, scripts/seaweed.py), on one device.
 
     python scripts/fleet_bench.py [--audio-dir ../shared/audio/dev] [--device cuda]
         [--models tiny.en,large-v3=random:large-v3] [--copies 8,32]
-        [--inputs audio,spectrogram] [--processes 1,4] [--transformers] [--plot fleet.png]
-        [--json out.json]
+        [--inputs audio,spectrogram] [--processes 1,4] [--runs 3] [--transformers]
+        [--plot fleet.png] [--json out.json]
     python scripts/fleet_bench.py --replot out.json --plot fleet.png
     python scripts/fleet_bench.py --restarts 3 --processes 1,4   # only the time to /ready
     python scripts/fleet_bench.py --restarts 2 --profile prof/   # and where a start goes
@@ -24,6 +25,11 @@ number of copies of the clips (`--copies 8`: each clip 8 times) and worker shape
   `kill -9` of the previous worker, whose engine core (and job processes) must then exit;
 - transformers: a transformers ASR pipeline (`scripts/rtfx_bench.py`: greedy, batches of 16)
   on the same clips, RTFx (audio seconds per second; audio rows of real weights).
+
+`--runs N` runs each row N times, each on a worker started anew (after a `kill -9` of the
+last); a table after the rows gives each figure's median and range over them, and how many
+"Connection pool is full" lines (urllib3: a storage client with fewer connections than
+threads) the workers logged.
 
 `--gpus SPEC` (repeatable: a row each) runs `whisperfleet worker --gpus SPEC` instead, a worker
 per GPU under one supervisor, all draining the same queues; the rows of one model, input and
@@ -52,6 +58,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +82,7 @@ from engine import Engine  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.tools.evaluate import read_manifest  # noqa: E402
+from scripts import seaweed  # noqa: E402
 from scripts.redis_load import command_calls  # noqa: E402
 from scripts.rtfx_bench import pipeline_rtfx  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
@@ -118,6 +126,8 @@ class Row:
     gpus: str = ""  # `worker --gpus` (resolved: 0,1), or "" for one worker without it
     kill: dict = field(default_factory=dict)  # the --kill run's outcome (`kill_run`)
     redis: dict = field(default_factory=dict)  # Redis while warm: commands, clients (`run_row`)
+    run: int = 0  # which of --runs
+    pool_full: int = 0  # urllib3's "Connection pool is full" lines in the worker's log
 
     @property
     def warm_ratio(self) -> float:
@@ -152,7 +162,7 @@ def engine_alone(stream, inputs: Inputs, runs: int) -> float:
 
 
 class Fleet:
-    """Redis, moto's S3 server and one worker at a time (or one supervisor of a worker per
+    """Redis, the S3 storage and one worker at a time (or one supervisor of a worker per
     GPU), on fresh ports."""
 
     def __init__(self, args: argparse.Namespace, model: str, source: str, log_dir: Path):
@@ -169,11 +179,9 @@ class Fleet:
             device=args.device,
             metrics_port=0,
             slot_memory_bytes=args.slot_memory,
+            data_dir=log_dir,  # the embedded storage's objects: this run's alone
         )
-        self.services = [
-            ensure_redis(self.settings, start=True),
-            ensure_storage(self.settings, start=True),
-        ]
+        self.services = [ensure_redis(self.settings, start=True), self.start_storage(s3_port)]
         # each worker's port, then one per job process: chosen with Redis and S3 listening
         self.metrics_port = free_port(8 * 9)
         self.store = JobStore(redis.Redis.from_url(self.settings.redis_url))
@@ -200,6 +208,30 @@ class Fleet:
         self.worker: subprocess.Popen | None = None
         self.starts = 0
         self.polls = 0  # this script's own Redis commands in `wait`: one MGET a poll
+
+    def start_storage(self, port: int) -> subprocess.Popen | None:
+        """The embedded storage, or SeaweedFS (`--weed`) with the fleet's key."""
+        if not self.args.weed:
+            return ensure_storage(self.settings, start=True)
+        key = self.settings.s3_access_key_id, self.settings.s3_secret_access_key
+        proc = subprocess.Popen(
+            seaweed.command(self.args.weed, self.log_dir / "seaweed", port),
+            env={**os.environ, **seaweed.environment(*key)},
+            stdout=open(self.log_dir / "seaweed.log", "w"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        client, deadline = Storage(self.settings).client, time.monotonic() + 60
+        while True:  # it listens before its filer is up: until a signed request is answered
+            try:
+                client.list_buckets()
+                return proc
+            except Exception:  # noqa: BLE001 - not yet, whatever the reason
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"SeaweedFS did not start: {self.log_dir}/seaweed.log"
+                    ) from None
+                time.sleep(0.2)
 
     def close(self) -> None:
         if self.worker is not None:
@@ -445,6 +477,8 @@ def run_row(fleet: Fleet, row: Row, inputs: Inputs) -> None:
     if fleet.args.kill and len(fleet.gpus) > 1:
         row.kill = kill_run(fleet, row, inputs, calm=records)
     row.core_exited = fleet.kill_worker()
+    log = fleet.log_dir / f"worker-{row.model}-{fleet.starts}.log"
+    row.pool_full = log.read_text(errors="replace").count("Connection pool is full")
 
 
 def kill_run(fleet: Fleet, row: Row, inputs: Inputs, calm: list[JobRecord]) -> dict:
@@ -561,6 +595,15 @@ def main() -> None:
     parser.add_argument(
         "--kill", action="store_true", help="with --gpus: a run that kill -9s one GPU's worker"
     )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="each row this many times (a fresh worker each)"
+    )
+    parser.add_argument(
+        "--weed",
+        metavar="PATH",
+        help="store in SeaweedFS (this `weed` binary: scripts/seaweed.py) instead of the "
+        "embedded storage",
+    )
     parser.add_argument("--plot", help="write a PNG of the warm runs' metrics here")
     parser.add_argument("--json", help="write every row here")
     parser.add_argument("--replot", metavar="JSON", help="only draw --plot from an earlier --json")
@@ -612,12 +655,15 @@ def main() -> None:
                 for copies in map(int, args.copies.split(",")):
                     inputs = model_inputs(kind, clips, copies, n_mels, random_weights)
                     engine_s = engine_alone(stream, inputs, args.engine_runs)
-                    for processes, gpus in product(
-                        map(int, args.processes.split(",")), map(gpu_list, args.gpus or [""])
+                    for processes, gpus, run in product(
+                        map(int, args.processes.split(",")),
+                        map(gpu_list, args.gpus or [""]),
+                        range(args.runs),
                     ):
                         fleet.processes, fleet.gpus = processes, gpus
                         row = Row(name, kind, copies, processes, len(inputs.items),
-                                  inputs.audio_s, engine_s, gpus=",".join(gpus))  # fmt: skip
+                                  inputs.audio_s, engine_s, gpus=",".join(gpus),
+                                  run=run)  # fmt: skip
                         row.transformers_rtfx = rtfx if kind == "audio" else None
                         run_row(fleet, row, inputs)
                         rows.append(row)
@@ -632,6 +678,8 @@ def main() -> None:
     shape = "a worker per GPU (--gpus)" if args.gpus else "one worker"
     print(f"\n{device}; {shape}, {flight} jobs in flight each; {len(clips)} clips\n")
     print(table(rows))
+    if args.runs > 1:
+        print("\n" + runs_table(rows))
     if args.gpus:
         print("\n" + scale_table(rows))
     print(f"\ncompile cache after the run: {sum(1 for _ in compile_cache.rglob('*'))} files")
@@ -648,6 +696,34 @@ def gpu_list(spec: str) -> list[str]:
     if spec == "all":
         return [str(i) for i in range(torch.cuda.device_count())]
     return spec.split(",") if spec else []
+
+
+def runs_table(rows: list[Row]) -> str:
+    """Each row's --runs: the median and range of its ratios and of its restarts' /ready (a
+    first start, with its empty compile cache, left out)."""
+    lines = [
+        "| model | input | processes | GPUs | runs | warm ratio median [min–max] "
+        "| cold ratio median [min–max] | ready s median [min–max] | pool full lines |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.kind, r.copies, r.processes, r.gpus), []).append(r)
+
+    def spread(values: list[float], digits: int = 2) -> str:
+        if not values:
+            return "—"
+        return (f"{statistics.median(values):.{digits}f} "
+                f"[{min(values):.{digits}f}–{max(values):.{digits}f}]")  # fmt: skip
+
+    for (model, kind, copies, processes, gpus), group in groups.items():
+        restarts = [r.ready_s for r in group if not r.first_start]
+        lines.append(
+            f"| {model} | {kind} ×{copies} | {processes} | {gpus or '—'} | {len(group)} "
+            f"| {spread([r.warm_ratio for r in group])} | {spread([r.cold_ratio for r in group])} "
+            f"| {spread(restarts, 1)} | {sum(r.pool_full for r in group)} |"
+        )
+    return "\n".join(lines)
 
 
 def scale_table(rows: list[Row]) -> str:
