@@ -1,6 +1,6 @@
 """Backfills on the real stack: our own Redis, moto's S3 server, the API, real workers (tiny.en
 on the CPU), the scanner, and two beat processes, all as processes; a scanner and a worker
-`kill -9`ed mid-run. Counts are scaled for CI: WHISPERFLEET_TEST_BACKFILL_AUDIO (default 100)
+`kill -9`ed mid-run. Counts are scaled for CI: WHISPERFLEET_TEST_BACKFILL_AUDIO (default 40)
 audio objects among the 500 of the first prefix."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from worker.contract.backfills import BackfillStore
 
 pytestmark = pytest.mark.slow
 
-AUDIO = int(os.environ.get("WHISPERFLEET_TEST_BACKFILL_AUDIO", "100"))
-MALFORMED, EMPTY, OTHER = 150, 50, 300 - AUDIO  # 500 objects in all (with the default)
+AUDIO = int(os.environ.get("WHISPERFLEET_TEST_BACKFILL_AUDIO", "40"))
+MALFORMED, EMPTY, OTHER = 150, 50, 300 - AUDIO  # 500 objects in all
+JOBS = AUDIO + MALFORMED + EMPTY  # the objects named as audio: each a job
 ARCHIVE = f"archive-{uuid.uuid4().hex[:10]}"
 BOUND = 24  # the bulk queue's bound: the scan of `crash/` lasts as long as its jobs
 
@@ -141,18 +142,18 @@ def test_a_prefix_is_done_once_reruns_make_nothing_and_a_schedule_takes_only_new
     stack.put_prefix("big/", AUDIO, MALFORMED, EMPTY, OTHER)
     backfill = stack.start("big/", schedule="@every 10s", formats=["srt"])
     bid = backfill["id"]
-    seen = stack.wait(bid, lambda s: ended(s) and s["counts"]["created"] == 300, timeout=900)
+    seen = stack.wait(bid, lambda s: ended(s) and s["counts"]["created"] == JOBS, timeout=900)
     counts = seen["counts"]
     assert (counts["succeeded"], counts["failed"]) == (AUDIO, MALFORMED + EMPTY), counts
     assert seen["failed_by_code"] == {"invalid_audio": MALFORMED + EMPTY}
     assert seen["audio_hours"] > 0
     jobs = stack.jobs_of(bid)
-    assert len(jobs) == 300 and len({j.source for j in jobs}) == 300  # each object, once
+    assert len(jobs) == JOBS and len({j.source for j in jobs}) == JOBS  # each object, once
 
     # every job in the manifest once, with its outputs; failures with their reasons
-    lines = stack.wait_manifest(bid, 300)
+    lines = stack.wait_manifest(bid, JOBS)
     by_key = {line["key"]: line for line in lines}
-    assert len(by_key) == len(lines) == 300
+    assert len(by_key) == len(lines) == JOBS
     assert not any(k.startswith("big/o/") for k in by_key)  # not audio: left out
     for key, line in by_key.items():
         if key.startswith("big/a/"):
@@ -168,14 +169,14 @@ def test_a_prefix_is_done_once_reruns_make_nothing_and_a_schedule_takes_only_new
     # the next scheduled run finds everything done: no job
     run = seen["run"]["number"]
     again = stack.wait(bid, lambda s: s["run"]["number"] > run and s["run"]["scanned_at"])
-    assert again["run"]["created"] == 0 and again["counts"]["created"] == 300
-    assert again["run"]["skipped"] == 300 and again["run"]["excluded"] == OTHER
+    assert again["run"]["created"] == 0 and again["counts"]["created"] == JOBS
+    assert again["run"]["skipped"] == JOBS and again["run"]["excluded"] == OTHER
 
     # 20 new objects: the scheduled runs from now on make exactly their 20 jobs
     before = again["run"]["number"]
     for i in range(20):
         stack.put(f"big/new/{i:02d}.flac", stack.inputs[i % len(stack.inputs)])
-    seen = stack.wait(bid, lambda s: ended(s) and s["counts"]["created"] == 320)
+    seen = stack.wait(bid, lambda s: ended(s) and s["counts"]["created"] == JOBS + 20)
     made = stack.run_created(bid)
     assert sum(n for run, n in made.items() if run > before) == 20, made
     assert seen["counts"]["succeeded"] == AUDIO + 20
