@@ -256,16 +256,26 @@ class Stack:
         argv += ["--concurrency", str(self.args.concurrency)]
         if getattr(self.args, "split", False):  # the first for interactive jobs alone
             argv += ["--queues", "interactive" if index == 0 else BULK]
-        port = free_port()  # its metrics, scraped around each phase
+        # its metrics, scraped around each phase; with job processes (a GPU's default), the
+        # engine's on this port and each job process's on one after it
+        port = free_port(65)
         self.metrics_ports.append(port)
         env = {**self.env, "WHISPERFLEET_METRICS_PORT": str(port)}
         return self.start(f"worker-{index}", argv, env, grace=20)
 
     def scrape(self) -> dict[tuple, float]:
-        """The workers' job stage and engine busy metrics, summed over the workers."""
+        """The workers' job stage and engine busy metrics, summed over the workers and their
+        job processes (the ports after a worker's own, up to the first that does not answer)."""
         totals: dict[tuple, float] = {}
-        for port in self.metrics_ports:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        texts = []
+        for first in self.metrics_ports:
+            texts.append(httpx.get(f"http://127.0.0.1:{first}/metrics", timeout=10).text)
+            for port in range(first + 1, first + 65):
+                try:
+                    texts.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+                except httpx.ConnectError:
+                    break
+        for text in texts:
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     if sample.name.startswith(SCRAPED):
@@ -585,7 +595,8 @@ def watch(api: httpx.Client, recording: tuple[str, bytes, float], label: str, al
                 break
             alive()
             time.sleep(0.25)
-    ran = when(job["finished_at"]) - when(job["started_at"])
+    started, finished = job.get("started_at"), job.get("finished_at")
+    ran = when(finished) - when(started) if started and finished else float("nan")
     moves = [b[0] - a[0] for a, b in zip(seen, seen[1:], strict=False)]
     first = seen[0][0] if seen else float("nan")
     return (
