@@ -463,7 +463,9 @@ class Phase:
         )
 
 
-def latency(args: argparse.Namespace, stack: Stack) -> None:
+def with_archive(args: argparse.Namespace, stack: Stack) -> tuple[list, httpx.Client]:
+    """The stack started (storage, API, workers, scanner) and `--backfill-files` copies of the
+    short clips under s3://bench-archive/calls/: the clips and a client of the API."""
     english = args.model.endswith(".en")
     clips = read_clips(Path(args.audio_dir), args.max_clip_s or 12.0, english)
     stack.services()
@@ -476,6 +478,11 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
         for i in range(args.backfill_files)
     ]
     put_many(stack.s3(), ARCHIVE, copies, "archive")
+    return clips, api
+
+
+def latency(args: argparse.Namespace, stack: Stack) -> None:
+    clips, api = with_archive(args, stack)
     backfill_audio_s = sum(clips[i % len(clips)][2] for i in range(args.backfill_files))
 
     warmup = max(args.warmup_jobs, len(clips))
@@ -606,19 +613,8 @@ def watch(api: httpx.Client, recording: tuple[str, bytes, float], label: str, al
 
 
 def progress(args: argparse.Namespace, stack: Stack) -> None:
-    english = args.model.endswith(".en")
-    clips = read_clips(Path(args.audio_dir), args.max_clip_s or 12.0, english)
     recording = long_recording(Path(args.audio_dir))
-    stack.services()
-    api = stack.api()
-    for i in range(args.workers):
-        stack.worker(i)
-    stack.scanner("scanner")
-    copies = [
-        (f"calls/{i:06d}-{clips[i % len(clips)][0]}", clips[i % len(clips)][1])
-        for i in range(args.backfill_files)
-    ]
-    put_many(stack.s3(), ARCHIVE, copies, "archive")
+    clips, api = with_archive(args, stack)
     warmup = max(args.warmup_jobs, len(clips))
     Phase(str(api.base_url), clips, warmup, 0.0, "warm-up").run(args.timeout, stack.check)
     rows = [watch(api, recording, "idle fleet", stack.check)]
