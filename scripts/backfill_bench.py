@@ -230,8 +230,8 @@ class Stack:
         else:  # the embedded storage, its objects on disk as the stack keeps them
             argv = s3_server.command("127.0.0.1", self.s3_port, self.log_dir / "storage")
             self.start("storage", argv, grace=5)
-        _until(self.storage_ready, "the storage", 60, self.check)
         s3 = self.s3()
+        _until(lambda: seaweed.answers(s3), "the storage", 60, self.check)
         for bucket in (JOB_BUCKET, ARCHIVE):
             s3.create_bucket(Bucket=bucket)
 
@@ -296,14 +296,6 @@ class Stack:
         except RuntimeError as e:
             raise RuntimeError(f"{e}; its log ends:\n{self.tail(name)}") from None
         return proc
-
-    def storage_ready(self) -> bool:
-        """Whether it answers a signed request (SeaweedFS listens before its filer is up)."""
-        try:
-            self.s3().list_buckets()
-            return True
-        except Exception:  # noqa: BLE001 - not yet, whatever the reason
-            return False
 
     def s3(self):
         return boto3.client(

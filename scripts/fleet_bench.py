@@ -222,16 +222,11 @@ class Fleet:
             start_new_session=True,
         )
         client, deadline = Storage(self.settings).client, time.monotonic() + 60
-        while True:  # it listens before its filer is up: until a signed request is answered
-            try:
-                client.list_buckets()
-                return proc
-            except Exception:  # noqa: BLE001 - not yet, whatever the reason
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(
-                        f"SeaweedFS did not start: {self.log_dir}/seaweed.log"
-                    ) from None
-                time.sleep(0.2)
+        while not seaweed.answers(client):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"SeaweedFS did not start: {self.log_dir}/seaweed.log")
+            time.sleep(0.2)
+        return proc
 
     def close(self) -> None:
         if self.worker is not None:

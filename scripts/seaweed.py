@@ -34,3 +34,13 @@ def command(weed: str, data: Path, s3_port: int) -> list[str]:
 
 def environment(access_key_id: str, secret: str) -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": access_key_id, "AWS_SECRET_ACCESS_KEY": secret}
+
+
+def answers(s3) -> bool:
+    """Whether the storage behind this boto3 client answers a signed request (SeaweedFS
+    listens before its filer is up, so an open port is not enough)."""
+    try:
+        s3.list_buckets()
+        return True
+    except Exception:  # noqa: BLE001 - not yet, whatever the reason
+        return False
