@@ -26,6 +26,8 @@ import numpy as np
 import soundfile as sf
 
 SAMPLE_RATE = 16000
+CHUNK_LENGTH = 30  # seconds in one of Whisper's windows
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
 # Sample rates accepted: telephone (8 kHz) up to studio (384 kHz). Outside, a file is far more
 # likely a mistake or an attack than speech (a 7 KB WAV at 1 Hz declares two hours).
 MIN_RATE, MAX_RATE = 8000, 384000

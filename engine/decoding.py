@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.mel import CHUNK_LENGTH
+from engine.audio import CHUNK_LENGTH
 from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")

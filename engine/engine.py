@@ -19,13 +19,8 @@ import torch
 from engine.audio import Audio
 from engine.decoding import PROMPT_BASE, DecodingRules
 from engine.hf import TransformersEngine, TransformersStream, is_transformers
-from engine.inputs import (
-    MAX_AUDIO_S,
-    Prepared,
-    open_audio,
-    read_input,
-    spectrogram_source,
-)
+from engine.host import MAX_AUDIO_S, read_input
+from engine.inputs import Prepared, open_audio, spectrogram_source
 from engine.kernels import triton_installed
 from engine.loader import LoadedModel, default_cache_dir, load_model
 from engine.longform import REQUESTS

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.inputs import LongAudio, SpectrogramError, read_input
+from engine.host import LongAudio, SpectrogramError, read_input
 from engine.mel import SAMPLE_RATE
 from engine.options import OptionsError, TranscriptionOptions
 from engine.result import Segment, Transcription

@@ -13,15 +13,21 @@ any time.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from engine.audio import Audio, AudioTooLong, InputTooLong
+from engine.audio import Audio, AudioTooLong
+from engine.host import (
+    MAX_AUDIO_S,
+    LongAudio,
+    SpectrogramError,
+    SpectrogramTooLong,
+    read_input,
+    within_limit,
+)
 from engine.mel import (
     FRAMES_PER_SECOND,
     HOP_LENGTH,
@@ -33,31 +39,7 @@ from engine.mel import (
 )
 from engine.vad import Detector, speech_regions
 
-# Audio or a spectrogram longer than this is refused (issue 12: without a limit, a 7 KB WAV
-# at 1 Hz was two hours of work); `EngineConfig.max_audio_s`.
-MAX_AUDIO_S = 4 * 3600.0
 SPECTROGRAM_DTYPES = (np.float16, np.float32, np.float64)
-
-
-class SpectrogramError(ValueError):
-    """An array that is not a Whisper log-mel spectrogram this model can take."""
-
-
-class SpectrogramTooLong(InputTooLong, SpectrogramError):
-    """A spectrogram with more frames than the limit allows (100 a second)."""
-
-
-def _within_limit(blocks: Iterator[np.ndarray], max_s: float, fmt: str) -> Iterator[np.ndarray]:
-    """The blocks of 16 kHz samples, refused as soon as they pass `max_s` seconds: a file
-    is never decoded further than the limit to find out it is too long."""
-    n = 0
-    for block in blocks:
-        n += len(block)
-        if n > max_s * SAMPLE_RATE:
-            raise AudioTooLong(
-                f"the {fmt} audio runs past {n / SAMPLE_RATE:.1f} s; expected at most {max_s:g} s"
-            )
-        yield block
 
 
 def _normalize(log10_mel: torch.Tensor, log10_max: float) -> torch.Tensor:
@@ -126,7 +108,7 @@ class _StreamedMel(MelSource):
 
         def counted(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
             nonlocal n_samples
-            for block in _within_limit(blocks, max_s, audio.format):
+            for block in within_limit(blocks, max_s, audio.format):
                 n_samples += len(block)
                 voice.feed(block)
                 yield block
@@ -155,56 +137,6 @@ class _StreamedMel(MelSource):
                 break
             self._held = torch.cat([self._held, _normalize(frames, self.log10_max)], dim=1)
         return _padded(self._held if self._start == seek else self._held[:, :0])
-
-
-@dataclass(frozen=True)
-class LongAudio:
-    """Audio read far enough to know it runs past 30 s: left encoded, streamed by
-    `open_audio` without decoding its start again."""
-
-    audio: Audio
-
-
-# an input read on the host, before any device work: the samples of up to 30 s of audio
-# (1-D), a spectrogram array (2-D or 3-D), or longer audio still encoded
-Host = np.ndarray | LongAudio
-
-
-def read_input(item: bytes | np.ndarray | Audio | LongAudio, max_s: float = MAX_AUDIO_S) -> Host:
-    """The host's part of reading an input, which a process without the model can do (a
-    worker's job threads, many at once): a .npy file loaded, audio of up to 30 s decoded to
-    16 kHz samples; longer audio only probed and checked against `max_s`, left encoded so
-    that it is never held decoded whole. Raises AudioError or SpectrogramError."""
-    if isinstance(item, bytes) and item[:6] == b"\x93NUMPY":
-        try:
-            return np.load(io.BytesIO(item), allow_pickle=False)
-        except ValueError as e:  # numpy's words may quote the header back: keep to ours
-            raise SpectrogramError("not a readable .npy array (header or data damaged)") from e
-    if isinstance(item, np.ndarray | LongAudio):  # read already
-        return item
-    audio = Audio(item) if isinstance(item, bytes) else item
-    clip = _clip(audio, max_s)
-    return LongAudio(audio) if clip is None else clip
-
-
-def _clip(audio: Audio, max_s: float) -> np.ndarray | None:
-    """The samples of audio of up to 30 s; None for longer audio. Which one is found by
-    decoding at most 30 s (files do not always say how long they are). Audio longer than
-    `max_s` seconds is refused (AudioTooLong): from the length a file declares, else while it
-    is decoded."""
-    info = audio.info
-    if info.frames and info.frames > max_s * info.sample_rate:
-        seconds = info.frames / info.sample_rate
-        raise AudioTooLong(
-            f"the {info.format} file declares {seconds:.1f} s; expected at most {max_s:g} s"
-        )
-    blocks, n = [], 0
-    for block in _within_limit(audio.blocks(), max_s, info.format):
-        blocks.append(block)
-        n += len(block)
-        if n > N_SAMPLES:
-            return None
-    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
 
 def open_audio(

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.audio import CHUNK_LENGTH
 from engine.decoding import WindowResult, WindowTask
 from engine.inputs import MelSource
-from engine.mel import CHUNK_LENGTH, FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from engine.mel import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE
 from engine.options import TranscriptionOptions
 from engine.result import Segment
 from engine.runner import LanguageGuess

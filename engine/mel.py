@@ -14,11 +14,10 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16000
+from engine.audio import N_SAMPLES, SAMPLE_RATE
+
 N_FFT = 400
 HOP_LENGTH = 160
-CHUNK_LENGTH = 30
-N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 frames in a mel window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 frames: 10 ms each
 

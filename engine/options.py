@@ -4,8 +4,10 @@ rules every window of a stream shares are `engine.decoding.DecodingRules`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from engine.decoding import WindowResult
+if TYPE_CHECKING:  # options travel to processes without torch (a worker's job processes)
+    from engine.decoding import WindowResult
 
 
 class OptionsError(ValueError):

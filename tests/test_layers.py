@@ -69,6 +69,20 @@ def test_the_contract_imports_neither_torch_nor_fastapi():
     assert result.returncode == 0, f"imported: {result.stdout} {result.stderr[-2000:]}"
 
 
+def test_a_job_process_imports_no_torch():
+    """A job process reads inputs (`engine.host`) and sends them to its engine core, which
+    alone imports torch: eight job processes importing it beside the core made a restart
+    twice as slow (docs/benchmarks.md)."""
+    code = (
+        "import sys; import worker.lifecycle, worker.transcripts, engine.host; "
+        "from engine import AudioError, InputTooLong, OptionsError, SpectrogramError, "
+        "Transcription, TranscriptionOptions; "
+        "print('torch' in sys.modules); sys.exit('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, f"imported torch: {result.stdout} {result.stderr[-2000:]}"
+
+
 def test_the_engine_implements_the_options_the_contract_offers():
     """The engine may not import the contract: its modes and tasks are checked here instead."""
     from engine.loader import random_tokenizer

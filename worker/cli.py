@@ -491,7 +491,7 @@ def _inputs(names: list[str]) -> list[Path]:
 
 def _transcribe(args: argparse.Namespace) -> int:
     from engine import AudioError, OptionsError, SpectrogramError
-    from worker.engines import engine_options, transcript
+    from worker.transcripts import engine_options, transcript
 
     fields = {
         "task": args.task,

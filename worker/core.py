@@ -4,7 +4,7 @@ threads reading and storing, Redis) to hand over one interpreter lock. Sharing o
 ran at half the pace of its engine alone (issue 15).
 
 The worker process spawns it (never forks: CUDA breaks in a forked child) and talks to it over
-one pipe. A job's thread reads its input (`engine.read_input`: audio decoded by libsndfile or
+one pipe. A job's thread reads its input (`engine.host.read_input`: audio decoded by libsndfile or
 FFmpeg, which let go of the interpreter lock while they work, so the job threads decode in
 parallel; a spectrogram only loaded) and sends the samples; the core prepares them on the
 device, batches them with the other jobs' and sends back the result, the input's progress as
@@ -43,16 +43,17 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import AuthenticationError, Client, Connection, Listener
 from typing import TYPE_CHECKING
 
+from engine.host import Host, read_input
 from worker import logs, metrics
 from worker.contract.jobs import QUEUES
 from worker.contract.options import JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
+from worker.transcripts import engine_options, transcript
 
-if TYPE_CHECKING:  # the engine (torch) is imported where it runs: a worker with job processes
-    # spawns its core before it imports anything heavy, so the two start together
+if TYPE_CHECKING:  # torch is imported only in the core: a worker spawns its core before it
+    # imports anything heavy, so the two start together, and its job processes never import it
     from engine import Transcription, TranscriptionOptions
-    from engine.inputs import Host
     from worker.batching import Batcher, Ticket
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,10 @@ class EngineFailed(RuntimeError):
 
     def __reduce__(self):  # it crosses from the engine core to the worker
         return type(self), (self.args[0], self.retry, self.oom)
+
+
+class UnknownModel(ValueError):
+    """A model the worker's settings do not name."""
 
 
 def single_flight(under_way: dict[str, Future], key: str) -> tuple[Future, bool]:
@@ -355,9 +360,6 @@ class EngineCore:
         next turn (its slots freed for the others) and Cancelled is raised. `wait_s` bounds
         how long a cancelled job keeps its slots, so it is short: the worker's `on_wait`
         only reads what its process's last look found (`worker.looks`)."""
-        from engine.inputs import read_input
-        from worker.engines import engine_options, transcript
-
         priority = QUEUES[0] if urgent else QUEUES[-1]  # the metrics' label
         asked = engine_options(options, data)
         with metrics.stage("decode", priority):

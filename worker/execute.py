@@ -18,8 +18,7 @@ from worker import metrics
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobRecord, JobStore
 from worker.contract.results import TranscriptResult
-from worker.core import Cancelled, EngineCore, EngineFailed
-from worker.engines import UnknownModel
+from worker.core import Cancelled, EngineCore, EngineFailed, UnknownModel
 from worker.failpoints import failpoint
 from worker.looks import Looks, cancelled
 from worker.storage import Storage

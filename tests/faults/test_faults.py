@@ -426,6 +426,14 @@ def test_job_processes_share_one_engine_core_and_outlive_each_other(fleet, input
         assert sum(f"[{core.pid} " in line for line in loads) == 1  # once, in the one core;
         # the others ran the killed process's jobs alone, each in a quarantine process
         assert fleet.logs().count("loaded and warm") == 3  # each job process found it so
+
+        # only the core imports torch: the job processes, having read inputs and sent and
+        # received their calls, and the owner never load it (their starts overlap the core's)
+        def torch_loaded(process: psutil.Process) -> bool:
+            return any("libtorch" in m.path for m in process.memory_maps())
+
+        assert torch_loaded(core)
+        assert not any(map(torch_loaded, [psutil.Process(worker.pid), *jobs]))
         everything = psutil.Process(worker.pid).children(recursive=True)
     finally:
         worker.kill()

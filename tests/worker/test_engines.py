@@ -8,8 +8,9 @@ import torch
 
 from worker.contract.jobs import JobOptions
 from worker.contract.settings import Settings
-from worker.core import InProcess
-from worker.engines import Engines, UnknownModel, job_seed
+from worker.core import InProcess, UnknownModel
+from worker.engines import Engines
+from worker.transcripts import job_seed
 
 
 def test_unknown_model_lists_the_served_ones():
