@@ -1,5 +1,6 @@
 # Two images from one file: `api` (FastAPI, no torch: small, starts fast) and `worker` (the
-# engine). compose.yaml builds both; by hand: docker build --target api -t whisperfleet-api .
+# engine, and the tools of `whisperfleet eval` and `bench`). compose.yaml builds both; by hand:
+# docker build --target api -t whisperfleet-api .
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS base
@@ -32,6 +33,7 @@ COPY pyproject.toml README.md ./
 COPY api api
 COPY worker worker
 COPY engine engine
+COPY tools tools
 RUN pip install '.[gpu]'
 USER whisperfleet
 EXPOSE 9108

@@ -15,11 +15,11 @@ from api.docs_ui import install_docs
 from api.errors import install_error_handlers
 from api.routes import backfills, health, jobs, openai
 from worker.app import create_app as create_celery
+from worker.backfills.scanner import create_backfill_app
 from worker.contract.backfills import BackfillStore
 from worker.contract.jobs import JobStore
 from worker.contract.settings import Settings, get_settings
 from worker.contract.tenants import Tenants
-from worker.scanner import create_backfill_app
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)

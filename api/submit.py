@@ -32,7 +32,7 @@ from worker.contract.settings import Settings
 from worker.contract.tenants import Limits, TenantError, Tenants, parse_source
 from worker.contract.uploads import HEAD_BYTES, Inspector
 from worker.storage import ObjectWriter, Storage
-from worker.webhooks import WebhookRefused, destination
+from worker.webhooks.delivery import WebhookRefused, destination
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ def _withdraw(
     may have been written (a message already sent for it is then dropped by the worker), its
     place among the tenant's jobs in flight, the input it stored, its claim on an
     Idempotency-Key. What cannot be undone now, with Redis or
-    storage away, is left to the orphan sweeper (worker.orphans) or, for a record, to the
+    storage away, is left to the orphan sweeper (worker.jobs.orphans) or, for a record, to the
     worker, which fails a job whose input is gone; a claim and a place lapse."""
     steps = []
     if record is not None:  # first: a job without its record is never run

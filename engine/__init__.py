@@ -16,7 +16,7 @@ _HOMES = {
     "InputTooLong": "engine.audio",
     "DecodingRules": "engine.decoding",
     "Engine": "engine.engine",
-    "EngineConfig": "engine.engine",
+    "EngineConfig": "engine.config",
     "SpectrogramError": "engine.host",
     "OptionsError": "engine.options",
     "TranscriptionOptions": "engine.options",

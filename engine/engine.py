@@ -9,17 +9,14 @@ command line, the bench and the scripts build one and hold only the stream.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, get_args
 
 import numpy as np
 import torch
 
-from engine.audio import Audio
-from engine.decoding import PROMPT_BASE, DecodingRules
+from engine.config import CROSS_DTYPES, DTYPES, EngineConfig, Input
+from engine.decoding import PROMPT_BASE
 from engine.hf import TransformersEngine, TransformersStream, is_transformers
-from engine.host import MAX_AUDIO_S, read_input
+from engine.host import read_input
 from engine.inputs import Prepared, open_audio, spectrogram_source
 from engine.kernels import triton_installed
 from engine.loader import LoadedModel, default_cache_dir, load_model
@@ -29,63 +26,6 @@ from engine.runner import Runner
 from engine.sampling import SEED_LIMIT
 from engine.slots import slots_for
 from engine.stream import Stream
-
-Dtype = Literal["auto", "fp32", "fp16", "bf16"]
-CrossKV = Literal["model", "fp8"]
-Kernels = Literal["auto", "triton", "torch"]
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-CROSS_DTYPES = {"model": None, "fp8": torch.float8_e4m3fn}
-
-# bytes (an audio file or a .npy spectrogram), decoded 16 kHz samples (1-D), or a
-# spectrogram array (2-D or 3-D)
-Input = bytes | np.ndarray | Audio
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How a model runs: the front door's one argument."""
-
-    # a packaged name (tiny.en, base), a Hugging Face or CTranslate2 directory, a hub id, or
-    # random:<size> (Whisper's shapes with random weights, for speed work; engine.loader);
-    # hf:/dir: a transformers speech model the native engine does not run (engine.hf), with
-    # `name`, `device`, `dtype`, `slots` (windows a step) and `max_audio_s` as here
-    model: str = "tiny.en"
-    name: str | None = None  # what results call the model (default: `model`)
-    device: str = "auto"  # auto: CUDA if present; or cpu, cuda, cuda:1, ...
-    dtype: Dtype = "auto"  # auto: fp16 on CUDA, fp32 elsewhere
-    # converted weights, and compiled kernels in triton/ unless TRITON_CACHE_DIR says
-    # otherwise (default: ~/.cache/whisperfleet): a restart finds both there
-    cache_dir: Path | None = None
-
-    # The pool of decoding slots (windows decoded at once): `slots` of them, else as many as
-    # `slot_memory_bytes` of cache holds (default: half the free GPU memory; 16 on the CPU),
-    # at most 512. The encoder takes up to `encoder_batch` new windows at once.
-    slots: int | None = None
-    slot_memory_bytes: int | None = None
-    encoder_batch: int = 16
-    # cross-attention K/V in the weights' dtype, or in fp8 (half the bytes; CUDA, compute
-    # capability 8.9+)
-    cross_kv: CrossKV = "model"
-
-    # graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly.
-    # kernels: the decode step's Triton kernels on CUDA where Triton is installed (auto), always
-    # (triton: refused where they cannot run), or never (torch: the reference path)
-    graphs: bool | None = None
-    kernels: Kernels = "auto"
-
-    # the longest input in seconds, audio or spectrogram (100 frames a second): longer ones
-    # are refused (InputTooLong) before their work, audio as soon as decoding passes it
-    max_audio_s: float = MAX_AUDIO_S
-    rules: DecodingRules = field(default_factory=DecodingRules)
-
-    def __post_init__(self) -> None:
-        for name, allowed in (("dtype", Dtype), ("cross_kv", CrossKV), ("kernels", Kernels)):
-            if getattr(self, name) not in get_args(allowed):
-                expected = ", ".join(get_args(allowed))
-                raise ValueError(f"{name} {getattr(self, name)!r}: expected one of {expected}")
-        if not self.max_audio_s > 0:
-            raise ValueError(f"max_audio_s {self.max_audio_s!r}: expected seconds above 0")
 
 
 class Engine:

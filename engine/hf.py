@@ -31,19 +31,16 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from engine.config import DTYPES, EngineConfig, Input
 from engine.host import LongAudio, SpectrogramError, read_input
 from engine.mel import SAMPLE_RATE
 from engine.options import OptionsError, TranscriptionOptions
 from engine.result import Segment, Transcription
 from engine.stream import Finished, Progress, Streaming, StreamStats
-
-if TYPE_CHECKING:
-    from engine.engine import EngineConfig, Input
 
 PREFIX = "hf:"
 WINDOW = 30 * SAMPLE_RATE  # samples a window at most
@@ -79,7 +76,6 @@ class TransformersEngine:
         )
         from transformers.models.auto.modeling_auto import MODEL_FOR_CTC_MAPPING_NAMES
 
-        from engine.engine import DTYPES
         from engine.loader import default_device
 
         self.config = config

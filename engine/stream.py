@@ -39,7 +39,8 @@ from engine.slots import Sequence as Slotted
 from engine.timing import Aligned, Aligner, TokenTimes
 
 if TYPE_CHECKING:
-    from engine.engine import Engine, Input
+    from engine.config import Input
+    from engine.engine import Engine
 
 Progress = Callable[[float, float], None]  # (seconds done, seconds in all)
 _ORDER = operator.attrgetter("order")

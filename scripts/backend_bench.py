@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.loader import model_dir  # noqa: E402
-from engine.tools import qwen3_asr  # noqa: E402
-from engine.tools.evaluate import read_manifest  # noqa: E402
+from tools import qwen3_asr  # noqa: E402
+from tools.evaluate import read_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))

@@ -102,8 +102,8 @@ sys.path.insert(0, str(ROOT))
 
 from scripts import seaweed  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
-from worker import s3_server  # noqa: E402
 from worker.contract.jobs import QUEUES  # noqa: E402
+from worker.local import s3_server  # noqa: E402
 
 BULK = QUEUES[-1]
 STAGES = ("queue", "fetch", "decode", "engine", "store")  # worker.metrics.JOB_STAGE
@@ -565,8 +565,8 @@ def long_recording(audio_dir: Path) -> tuple[str, bytes, float]:
     import soundfile
 
     from engine.mel import SAMPLE_RATE
-    from engine.tools.evaluate import read_manifest
-    from engine.tools.longform import recordings
+    from tools.evaluate import read_manifest
+    from tools.longform import recordings
 
     (recording,) = recordings(read_manifest(audio_dir / "manifest.jsonl"), {"concat"})
     buffer = io.BytesIO()
@@ -701,7 +701,7 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
 
     from engine import Engine
     from worker.contract.settings import Settings
-    from worker.engines import Engines
+    from worker.core.engines import Engines
 
     clips = read_clips(Path(args.audio_dir), args.max_clip_s or 1e9, english=False)
     files = [clips[i % len(clips)] for i in range(args.backfill_files)]

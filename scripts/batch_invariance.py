@@ -25,8 +25,8 @@ import torch
 
 from engine import Engine, EngineConfig, TranscriptionOptions
 from engine.stream import Stream
-from engine.tools.evaluate import Clip, read_manifest
-from engine.tools.wer import word_error_rate
+from tools.evaluate import Clip, read_manifest
+from tools.wer import word_error_rate
 
 
 def tokens(stream: Stream, data: list[bytes], options: TranscriptionOptions) -> list[list[int]]:

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 
 from engine import EngineConfig
-from engine.tools.bench import engine_run
+from tools.bench import engine_run
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """What keeping every stretch of speech costs in sequential long-form (`cover_speech`): Silero
 VAD's time per hour of audio on the device (engine.vad, fed 30 s blocks as a long input's
-first pass feeds it), and the engine over the long recordings of engine.tools.longform all at
+first pass feeds it), and the engine over the long recordings of tools.longform all at
 once, as a worker batches its jobs, with and without it: wall time (median of --runs, with
 their spread), windows decoded, windows timed for words, and WER.
 
@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.mel import N_SAMPLES, SAMPLE_RATE  # noqa: E402
-from engine.tools.evaluate import read_manifest  # noqa: E402
-from engine.tools.longform import Run, recordings, wer, window_log  # noqa: E402
 from engine.vad import Detector  # noqa: E402
+from tools.evaluate import read_manifest  # noqa: E402
+from tools.longform import Run, recordings, wer, window_log  # noqa: E402
 
 DEV = Path(__file__).resolve().parents[2] / "shared" / "audio" / "dev" / "manifest.jsonl"
 

@@ -81,18 +81,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: the share
 from engine import Engine  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
-from engine.tools.evaluate import read_manifest  # noqa: E402
 from scripts import seaweed  # noqa: E402
 from scripts.redis_load import command_calls  # noqa: E402
 from scripts.rtfx_bench import pipeline_rtfx  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
+from tools.evaluate import read_manifest  # noqa: E402
 from worker.app import create_app  # noqa: E402
 from worker.contract.dispatch import dispatch  # noqa: E402
 from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id  # noqa: E402
 from worker.contract.results import TranscriptResult  # noqa: E402
 from worker.contract.settings import Settings  # noqa: E402
-from worker.embedded import ensure_redis, ensure_storage  # noqa: E402
-from worker.engines import Engines  # noqa: E402
+from worker.core.engines import Engines  # noqa: E402
+from worker.local.embedded import ensure_redis, ensure_storage  # noqa: E402
 from worker.storage import Storage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """Long-form against the references: WER per recording and system, speech left without a
-segment, and each window beside openai-whisper's (engine.tools.longform).
+segment, and each window beside openai-whisper's (tools.longform).
 
 python scripts/longform_check.py [--model tiny.en] [--kinds KINDS]
     [--openai-python PYTHON] [--faster-whisper-python PYTHON] [--no-transformers] [--json OUT]
@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from engine import Engine, EngineConfig
-from engine.tools.evaluate import read_manifest
-from engine.tools.longform import (
+from tools.evaluate import read_manifest
+from tools.longform import (
     recordings,
     reference_runs,
     rule_recordings,
@@ -42,7 +42,7 @@ from engine.tools.longform import (
     tables,
     with_regions,
 )
-from engine.tools.word_timing import openai_checkpoint
+from tools.word_timing import openai_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV = ROOT.parent / "shared" / "audio" / "dev" / "manifest.jsonl"

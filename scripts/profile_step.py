@@ -1,6 +1,6 @@
 """Where the engine's time goes on the GPU, through the stream the workers run.
 
-1. The bench's work (`engine.tools.bench.engine_run`: 3 x batch windows of 100 tokens) with the
+1. The bench's work (`tools.bench.engine_run`: 3 x batch windows of 100 tokens) with the
    host time of each runner phase; the GPU is synchronised at each phase's end, so a phase's
    time includes the GPU work it queued (and admission no longer overlaps the launched steps);
 2. the steady state: every slot live, milliseconds per `Stream.step` (a horizon of decode
@@ -25,7 +25,7 @@ import torch
 
 from engine import DecodingRules, Engine, EngineConfig, TranscriptionOptions
 from engine.runner import Runner
-from engine.tools.bench import engine_run
+from tools.bench import engine_run
 
 PHASES = ("launch", "encode", "start", "collect", "compact")
 

@@ -11,7 +11,7 @@ transformers than the project's: install it in a virtual environment of its own,
         && /tmp/qwenvenv/bin/pip install qwen-asr==0.0.6
 
 A random-weight model of `--size` is made in the transformers layout and converted to the
-reference's (`engine.tools.qwen3_asr`); each clip (its first `--seconds`, decoded once here
+reference's (`tools.qwen3_asr`); each clip (its first `--seconds`, decoded once here
 and handed to both as the same 16 kHz samples) goes through the reference's prompt, processor
 and `generate` in that environment, and through `Engine.open("hf:DIR")`'s stream here, as a
 worker runs it. Both decode greedily, in fp32 on the CPU, `--batch` clips at a time (1: each
@@ -43,7 +43,7 @@ import numpy as np
 
 from engine import Engine, EngineConfig, TranscriptionOptions
 from engine.audio import decode_audio
-from engine.tools import qwen3_asr
+from tools import qwen3_asr
 
 ROOT = Path(__file__).resolve().parent.parent
 

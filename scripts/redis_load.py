@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: the share
 from tests.conftest import free_port, stop, wait_for_port  # noqa: E402
 from worker.contract.settings import Settings  # noqa: E402
 from worker.contract.tenants import Tenants  # noqa: E402
-from worker.embedded import ensure_redis  # noqa: E402
+from worker.local.embedded import ensure_redis  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 OWN = {b"info", b"config", b"client", b"monitor"}  # this script's own commands

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
-from engine.tools.evaluate import read_manifest  # noqa: E402
-from engine.tools.wer import word_error_rate  # noqa: E402
+from tools.evaluate import read_manifest  # noqa: E402
+from tools.wer import word_error_rate  # noqa: E402
 
 
 def read_clips(audio_dir: Path) -> list[tuple[bytes, float, str]]:

@@ -1,5 +1,5 @@
 """Word timestamps against transformers' own (`return_timestamps="word"`) and openai-whisper's:
-same words, and the distribution of how far apart their times are (engine.tools.word_timing).
+same words, and the distribution of how far apart their times are (tools.word_timing).
 
 python scripts/word_timestamps_check.py [--model tiny.en] [--manifest M] [--device cpu]
     [--textgrids DIR] [--openai-python PYTHON]
@@ -20,7 +20,7 @@ such clips of about 25 s (MIT licence):
 --openai-python PYTHON: also the engine and transformers against openai-whisper's own
 `transcribe(word_timestamps=True)` (and it against the aligner's words), on the same weights
 (converted to its layout), alignment heads and samples. openai-whisper runs in an environment
-of its own (engine/tools/openai_words.py), which PYTHON is the interpreter of:
+of its own (tools/openai_words.py), which PYTHON is the interpreter of:
 
     python3 -m venv /tmp/owvenv && /tmp/owvenv/bin/pip install torch==2.13.0 \
         && /tmp/owvenv/bin/pip install openai-whisper
@@ -37,8 +37,8 @@ from pathlib import Path
 import soundfile as sf
 
 from engine import Engine, EngineConfig
-from engine.tools.evaluate import read_manifest
-from engine.tools.word_timing import (
+from tools.evaluate import read_manifest
+from tools.word_timing import (
     OPTIONS,
     ClipWords,
     against_alignment,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from worker import s3_server
 from worker.contract.settings import Settings
+from worker.local import s3_server
 
 DATA = Path(__file__).parent / "data"
 REDIS_URL = os.environ.get("WHISPERFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379")

@@ -16,9 +16,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.tools.wer import word_error_rate
 from tests import conftest
 from tests.conftest import free_port, random_ctc, stop, wait_for_port
+from tools.wer import word_error_rate
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -29,7 +29,7 @@ def api_url(stack_env, tmp_path_factory):
     """`whisperfleet api` and `whisperfleet worker` as separate processes; besides the
     packaged models, `w2v` and `q3`: a random-weight wav2vec2 and a Qwen3-ASR-shaped model
     through transformers (engine.hf)."""
-    from engine.tools.qwen3_asr import make
+    from tools.qwen3_asr import make
 
     w2v = random_ctc(tmp_path_factory.mktemp("w2v"), "wav2vec2")
     q3 = make(tmp_path_factory.mktemp("q3") / "qwen3-asr")
@@ -244,11 +244,11 @@ def test_long_audio_and_subtitle_formats(api_url, clips):
 
 def test_word_timestamps_through_the_queue_match_transformers(api_url, clips):
     """REST -> queue -> worker -> stored result: the words, their times near transformers' own
-    on the same weights (engine.tools.word_timing), and a subtitle cue per word."""
+    on the same weights (tools.word_timing), and a subtitle cue per word."""
     import soundfile as sf
 
     from engine.loader import model_dir
-    from engine.tools.word_timing import ClipWords, transformers_words
+    from tools.word_timing import ClipWords, transformers_words
 
     url, _ = api_url
     clip = clips["en_librispeech_1272-128104-0000"]

@@ -1,14 +1,101 @@
-"""The seams hold: nothing outside `engine/` uses a name private to it (callers hold the front
-door, `Engine.open(config) -> Stream`), the worker's light contract imports no torch, and the
-engine implements every option value the contract offers."""
+"""The seams hold: the packages import one another only as their layers allow (worker/'s
+subsystems as `worker/__init__.py` lists them) and never in a circle; nothing outside
+`engine/` uses a name private to it (callers hold the front door, `Engine.open(config) ->
+Stream`); the worker's light contract and its job processes import no torch; and the engine
+implements every option value the contract offers.
+
+`python -m pytest tests/test_layers.py` is the check; each failure names the imports."""
 
 import ast
 import subprocess
 import sys
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-OUTSIDE = ("api", "worker", "scripts", "tests")
+OUTSIDE = ("api", "worker", "tools", "scripts", "tests")
+PACKAGES = ("api", "worker", "engine", "tools")
+SHARED = ("app", "storage", "metrics", "logs", "failpoints")  # what worker/'s subsystems share
+
+# each layer and the layers it may import (its own always)
+BASE = {"worker.contract", "worker.shared"}
+ALLOWED = {
+    "engine": set(),
+    "tools": {"engine"},
+    "worker.contract": set(),
+    "worker.shared": {"worker.contract"},
+    "worker.core": BASE | {"engine"},
+    "worker.jobs": BASE | {"worker.core", "worker.webhooks", "engine"},
+    "worker.backfills": BASE,
+    "worker.webhooks": BASE,
+    "worker.local": BASE,
+    "worker.cli": BASE
+    | {f"worker.{s}" for s in ("core", "jobs", "backfills", "webhooks", "local")}
+    | {"engine", "tools"},
+    "api": BASE | {"worker.backfills", "worker.webhooks"},
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, known: set[str], type_only: bool) -> set[str]:
+    """The project's modules `path` imports, anywhere in it (in functions too); with
+    `type_only`, also those under `if TYPE_CHECKING:` (names for annotations, never run)."""
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    if not type_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skipped |= {id(n) for child in node.body for n in ast.walk(child)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return found & known
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "worker":
+        return parts[0]
+    if len(parts) == 1 or parts[1] in SHARED:
+        return "worker.shared"
+    return f"worker.{parts[1]}"
+
+
+def test_every_module_has_a_layer():
+    assert {layer(m) for m in modules()} == set(ALLOWED)
+
+
+def test_imports_follow_the_layers():
+    found = modules()
+    crossings = {
+        f"{module} imports {other}"
+        for module, path in found.items()
+        for other in imports(path, set(found), type_only=True)
+        if layer(other) != layer(module) and layer(other) not in ALLOWED[layer(module)]
+    }
+    assert crossings == set()
+
+
+def test_no_imports_run_in_a_circle():
+    found = modules()
+    graph = {m: imports(p, set(found), type_only=False) - {m} for m, p in found.items()}
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as e:
+        raise AssertionError(f"imports run in a circle: {' -> '.join(e.args[1])}") from None
 
 
 def _private(name: str) -> bool:
@@ -74,7 +161,7 @@ def test_a_job_process_imports_no_torch():
     alone imports torch: eight job processes importing it beside the core made a restart
     twice as slow (docs/benchmarks.md)."""
     code = (
-        "import sys; import worker.lifecycle, worker.transcripts, engine.host; "
+        "import sys; import worker.jobs.lifecycle, worker.core.transcripts, engine.host; "
         "from engine import AudioError, InputTooLong, OptionsError, SpectrogramError, "
         "Transcription, TranscriptionOptions; "
         "print('torch' in sys.modules); sys.exit('torch' in sys.modules)"
@@ -97,7 +184,7 @@ def test_the_settings_offer_what_the_engine_config_takes():
     """The settings (light) and EngineConfig each declare these values; they must agree."""
     from typing import get_args
 
-    from engine.engine import CrossKV, Kernels
+    from engine.config import CrossKV, Kernels
     from worker.contract.settings import Settings
 
     for field, alias in (("cross_kv", CrossKV), ("kernels", Kernels)):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.cli import build_parser
+from worker.cli.main import build_parser
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()

@@ -16,8 +16,8 @@ from worker.contract.settings import CPU_CONCURRENCY, Settings, get_settings
 
 
 def create_app(settings: Settings) -> Celery:
-    # worker.lifecycle: what a worker process runs besides its jobs, from Celery's signals
-    include = ["worker.tasks", "worker.lifecycle"]
+    # worker.jobs.lifecycle: what a worker process runs besides its jobs, from Celery's signals
+    include = ["worker.jobs.tasks", "worker.jobs.lifecycle"]
     app = Celery("whisperfleet", broker=settings.redis_url, include=include)
     app.conf.update(
         task_serializer="json",
@@ -28,7 +28,7 @@ def create_app(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         # a job that failed for good (bad input, poison, retries spent) is rejected, not
-        # requeued: its record says why (worker.tasks)
+        # requeued: its record says why (worker.jobs.tasks)
         task_acks_on_failure_or_timeout=False,
         worker_prefetch_multiplier=1,
         task_queues=[Queue(name) for name in QUEUES],
@@ -36,7 +36,7 @@ def create_app(settings: Settings) -> Celery:
         task_routes={TASK_NAME: {"queue": QUEUES[0]}},
         # Always look at `interactive` before `bulk` (kombu's default rotates between them).
         # An unacked message comes back after the visibility timeout; leases and the
-        # reconciler take over a dead worker's jobs long before that (worker.leases).
+        # reconciler take over a dead worker's jobs long before that (worker.jobs.leases).
         broker_transport_options={
             "queue_order_strategy": "priority",
             "visibility_timeout": settings.visibility_timeout_s,

@@ -4,7 +4,7 @@ and `WHISPERFLEET_METRICS_PORT` (0: off).
 Counters and histograms are updated where things happen; queue depths, the jobs not yet
 terminal and the jobs this worker runs are read when Prometheus scrapes. The engine's own
 metrics (`ENGINE`: batches, busy time, audio seconds, GPU memory) are kept in its core process
-(`worker.core`), which sends them every second; the worker serves the latest. `/ready`
+(`worker.core.process`), which sends them every second; the worker serves the latest. `/ready`
 on the same port answers 200 once the worker takes jobs, 503 before (loading its model) and
 after (stopping).
 """

@@ -1,6 +1,6 @@
 """Backfills over REST: start one on a prefix, follow it, list, cancel, retry its failures.
 
-The scanner does the work (`worker.scanner`); these routes write and read its records, and
+The scanner does the work (`worker.backfills.scanner`); these routes write and read its records, and
 enter a backfill's schedule for `whisperfleet beat`. Scoped to the tenant as jobs are.
 """
 
@@ -20,6 +20,7 @@ from api.deps import SettingsDep, StorageDep, StoreDep, TenantDep, TenantsDep
 from api.errors import ApiError, error_answers
 from api.idempotency import Idempotency, fingerprint
 from api.schemas import BackfillCounts, BackfillList, BackfillPublic, BackfillRun
+from worker.backfills.scanner import drop_queued, schedule, unschedule
 from worker.contract.backfills import (
     BackfillCreate,
     BackfillError,
@@ -31,7 +32,6 @@ from worker.contract.backfills import (
     split_prefix,
 )
 from worker.contract.settings import Settings
-from worker.scanner import drop_queued, schedule, unschedule
 
 router = APIRouter(prefix="/v1/backfills", tags=["backfills"])
 ERRORS = error_answers(401, 404, 503)

@@ -27,7 +27,7 @@ from worker.contract.formats import WRITERS, Granularity, GranularityError
 from worker.contract.jobs import TERMINAL, JobError, JobRecord, JobStatus, TransitionError
 from worker.contract.options import JobCreate, SourceJob
 from worker.contract.results import TranscriptResult
-from worker.webhooks import notify
+from worker.webhooks.delivery import notify
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -30,9 +30,9 @@ from openai.types.audio import (
 )
 
 from api.main import create_app
-from engine.tools.wer import word_error_rate
 from tests import conftest
 from tests.conftest import free_port, stop, wait_for_port
+from tools.wer import word_error_rate
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobStatus, JobStore
 from worker.contract.results import TranscriptResult

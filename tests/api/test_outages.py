@@ -16,7 +16,7 @@ from tests.conftest import free_port
 from tests.faults.fleet import RedisServer, StorageServer
 from worker.app import create_app as create_celery
 from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, new_job_id
-from worker.orphans import OrphanSweeper
+from worker.jobs.orphans import OrphanSweeper
 from worker.storage import Storage
 
 

@@ -15,15 +15,15 @@ import httpx
 import pytest
 import redis
 
-from engine.tools.wer import word_error_rate
 from tests import conftest
 from tests.conftest import free_port, stop, wait_for_port
 from tests.faults.fleet import long_speech
 from tests.worker.test_webhooks import Receiver
+from tools.wer import word_error_rate
 from worker.contract.settings import Settings
 from worker.contract.tenants import Tenants
 from worker.storage import Storage
-from worker.webhooks import verify
+from worker.webhooks.delivery import verify
 
 pytestmark = pytest.mark.slow
 REDIS_URL = f"{conftest.REDIS_URL}/12"

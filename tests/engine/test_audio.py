@@ -264,7 +264,7 @@ WITHOUT_PYAV = """
 import sys
 sys.modules["av"] = None  # as if PyAV were not installed
 from engine.audio import Audio, AudioError
-import worker.cli, worker.engines, worker.lifecycle  # what a worker imports starts without it
+import worker.cli.main, worker.core.engines, worker.jobs.lifecycle  # a worker's start needs none
 
 for path in sys.argv[1:]:
     try:

@@ -3,7 +3,7 @@ work is what the engine's is."""
 
 import torch
 
-from engine.tools.bench import Row, engine_run, table, transformers_run
+from tools.bench import Row, engine_run, table, transformers_run
 
 
 def test_table_gives_engine_rows_their_ratios_over_transformers_at_the_same_batch():

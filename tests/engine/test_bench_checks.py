@@ -3,9 +3,9 @@ and without CUDA the GPU's checks say they did not run, never that they passed."
 
 import torch
 
-from engine.tools.evaluate import read_manifest
-from engine.tools.gpu_checks import GPU_CHECKS, Report, check_model
 from tests.conftest import DATA
+from tools.evaluate import read_manifest
+from tools.gpu_checks import GPU_CHECKS, Report, check_model
 
 
 def test_without_cuda_only_the_reference_runs_and_nothing_passes_for_the_gpu():

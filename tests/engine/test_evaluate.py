@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tools.evaluate import ClipResult, ManifestError, Report, evaluate, read_manifest
+from tools.evaluate import ClipResult, ManifestError, Report, evaluate, read_manifest
 
 DATA = Path(__file__).parent.parent / "data"
 

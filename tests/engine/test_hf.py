@@ -94,7 +94,7 @@ def test_the_batch_halves_after_running_out_of_memory(tmp_path, clips):
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     """A Qwen3-ASR-shaped model (audio encoder, Qwen3 decoder) with random weights."""
-    from engine.tools.qwen3_asr import make
+    from tools.qwen3_asr import make
 
     path = make(tmp_path_factory.mktemp("qwen3") / "qwen3-asr")
     return Engine.open(EngineConfig(model=f"hf:{path}", name="qwen3-asr", device="cpu", slots=4))

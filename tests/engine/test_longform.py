@@ -11,8 +11,8 @@ import torch
 from engine import TranscriptionOptions
 from engine.longform import UNCOVERED_S, SequentialRequest
 from engine.mel import log_mel_spectrogram
-from engine.tools.longform import Run, rule_recordings, wer, widest_gap, window_log, with_regions
 from tests.conftest import DATA, transcribe
+from tools.longform import Run, rule_recordings, wer, widest_gap, window_log, with_regions
 
 REFERENCE = DATA / "longform" / "openai-whisper.json"
 RULES_ONLY = TranscriptionOptions(cover_speech=False)  # openai-whisper's rules and no more

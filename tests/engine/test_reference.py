@@ -10,9 +10,9 @@ from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneratio
 from engine import TranscriptionOptions
 from engine.audio import decode_audio
 from engine.loader import PACKAGED, package_file
-from engine.tools.evaluate import GREEDY
-from engine.tools.wer import word_error_rate
 from tests.conftest import transcribe
+from tools.evaluate import GREEDY
+from tools.wer import word_error_rate
 
 ENGLISH = ["en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131"]
 

@@ -17,10 +17,10 @@ from engine.timing import (
     merge_punctuation,
     split_words,
 )
-from engine.tools.evaluate import Clip as ManifestClip
-from engine.tools.word_timing import OPTIONS, compare, pooled
 from tests.conftest import open_stream, transcribe
 from tests.faults.fleet import long_speech
+from tools.evaluate import Clip as ManifestClip
+from tools.word_timing import OPTIONS, compare, pooled
 
 WORDS = TranscriptionOptions(word_timestamps=True)
 
@@ -165,7 +165,7 @@ def test_a_forced_aligners_textgrid_pairs_with_the_words_spelt_alike(tmp_path):
     """The check against forced alignments (scripts/word_timestamps_check.py --textgrids)
     reads Praat's short TextGrids, UTF-16 as Praat may write them, and pairs words by
     spelling, whatever their case and punctuation."""
-    from engine.tools.word_timing import against_alignment, textgrid_words
+    from tools.word_timing import against_alignment, textgrid_words
 
     grid = "\n".join(
         ['File type = "ooTextFile"', 'Object class = "TextGrid"', "", "0", "3.0", "<exists>"]

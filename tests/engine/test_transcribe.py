@@ -8,9 +8,9 @@ import soundfile as sf
 from engine import OptionsError, TranscriptionOptions
 from engine.audio import decode_audio
 from engine.decoding import compression_ratio
-from engine.tools.evaluate import timestamps_ok
-from engine.tools.wer import normalize
 from tests.conftest import open_stream, transcribe
+from tools.evaluate import timestamps_ok
+from tools.wer import normalize
 
 
 def test_result_shape_and_invariants(tiny_en, clips):

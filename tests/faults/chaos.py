@@ -113,7 +113,7 @@ def calm_texts(stream, plan: list[Case]) -> dict[str, str]:
     """Each good input's text, transcribed alone by `stream` (tiny.en on the CPU, as the
     workers run it)."""
     from worker.contract.options import JobCreate
-    from worker.transcripts import engine_options
+    from worker.core.transcripts import engine_options
 
     texts = {}
     for case in {c.name: c for c in plan if c.code is None}.values():

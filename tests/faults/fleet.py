@@ -22,12 +22,12 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app as create_api
 from tests.conftest import free_port, start_redis, stop, wait_for_port
-from worker import s3_server
 from worker.app import create_app
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id
 from worker.contract.options import JobOptions
 from worker.contract.settings import Settings
+from worker.local import s3_server
 from worker.storage import Storage
 
 # fast takeover, so a test waits seconds, not minutes

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
-from worker.core import CUDA_FAULT_EXIT
+from worker.core.process import CUDA_FAULT_EXIT
 
 pytestmark = pytest.mark.slow
 

@@ -88,9 +88,9 @@ def test_a_prefix_a_tenant_may_read_is_no_place_to_write_its_outputs(shared):
 def test_the_stack_lets_webhooks_reach_loopback_only_while_its_api_is_open():
     """A caller with a key must not make the stack post to services of its own host (issue
     #37: the stack allowed loopback webhooks with keys on)."""
-    from worker.cli import stack_defaults
+    from worker.cli.main import stack_defaults
     from worker.contract.settings import Settings
-    from worker.webhooks import WebhookRefused, destination
+    from worker.webhooks.delivery import WebhookRefused, destination
 
     open_stack, keyed = {}, {"WHISPERFLEET_AUTH": "keys"}
     stack_defaults(open_stack)

@@ -1,6 +1,6 @@
 """The embedded storage serves only what its key signed, within its time, and to no other web
 origin (issue #37: moto's server took edited, forged and expired presigned URLs, any key, and
-answered every origin's CORS preflight). Against a real `worker.s3_server` process."""
+answered every origin's CORS preflight). Against a real `worker.local.s3_server` process."""
 
 import io
 import subprocess
@@ -18,8 +18,8 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from tests.conftest import free_port, stop, wait_for_port
-from worker import s3_server
 from worker.contract.settings import DEFAULT_S3_KEY, Settings
+from worker.local import s3_server
 
 KEY = "a b/c+d~é!*'(),=&.flac"  # every character a signature's encoding treats apart
 

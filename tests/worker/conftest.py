@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from engine.runner import Runner
-from worker.core import EngineCore
+from worker.core.process import EngineCore
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import redis
 
 from tests import conftest
 from tests.conftest import free_port, stop, wait_for_port
-from worker.backfill_cli import Progress, progress_line, screen
+from worker.cli.backfills import Progress, progress_line, screen
 from worker.contract.settings import Settings
 from worker.contract.tenants import Tenants
 from worker.storage import Storage

@@ -19,6 +19,17 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from worker.app import create_app as create_job_app
+from worker.backfills.scanner import (
+    BULK,
+    LockLost,
+    Scanner,
+    create_backfill_app,
+    drop_queued,
+    pump,
+    schedule,
+    start_run,
+    unschedule,
+)
 from worker.contract.backfills import (
     BackfillCreate,
     BackfillError,
@@ -34,17 +45,6 @@ from worker.contract.jobs import JobError, JobStatus, JobStore, Progress, Transi
 from worker.contract.options import JobOptions
 from worker.contract.results import TranscriptResult, TranscriptSegment
 from worker.contract.tenants import Limits
-from worker.scanner import (
-    BULK,
-    LockLost,
-    Scanner,
-    create_backfill_app,
-    drop_queued,
-    pump,
-    schedule,
-    start_run,
-    unschedule,
-)
 from worker.storage import Storage
 
 ARCHIVE = "archive-bf"
@@ -715,7 +715,7 @@ def test_a_cancel_cut_short_by_the_schedule_store_is_finished_by_the_next(
 def test_beat_firing_a_cancelled_backfill_removes_its_entry(world, monkeypatch, caplog):
     """The entry of a backfill cancelled while the schedule store was away, had no DELETE
     come again: its next scheduled time takes it out, and starts no run."""
-    from worker import scanner
+    from worker.backfills import scanner
 
     world.put("late/0.flac", world.audio)
     record = world.backfill("late/", schedule="@every 1m")
@@ -724,7 +724,7 @@ def test_beat_firing_a_cancelled_backfill_removes_its_entry(world, monkeypatch, 
     world.backfills.update(record.id, lambda r: r.model_copy(update={"state": "cancelled"}))
     monkeypatch.setattr(scanner, "app", app)
     monkeypatch.setattr(scanner, "_backfills", lambda: world.backfills)
-    with caplog.at_level(logging.WARNING, logger="worker.scanner"):
+    with caplog.at_level(logging.WARNING, logger="worker.backfills.scanner"):
         scanner.scheduled(record.id)
     assert f"backfill {record.id}, which is cancelled: entry removed" in caplog.text
     assert not world.store.redis.exists(f"whisperfleet:redbeat:backfill:{record.id}")

@@ -10,8 +10,9 @@ import torch
 from engine import TranscriptionOptions
 from engine.runner import Runner
 from tests.conftest import open_stream
-from worker.batching import Batcher
-from worker.core import CUDA_FAULT_EXIT, EngineFailed
+from worker.core.batching import Batcher
+from worker.core.calls import EngineFailed
+from worker.core.process import CUDA_FAULT_EXIT
 
 
 def test_inputs_arriving_together_share_an_encoder_batch(clips, encoded):
@@ -95,8 +96,8 @@ def test_a_gpu_fault_goes_to_the_handler_the_process_gave(clips, monkeypatch):
 FAULT_MID_BATCH = """
 import sys, torch
 from engine import Engine, EngineConfig, Stream, TranscriptionOptions
-from worker.batching import Batcher
-from worker.core import exit_on_device_fault
+from worker.core.batching import Batcher
+from worker.core.process import exit_on_device_fault
 
 step = Stream.step
 def faulty_step(self):
@@ -135,7 +136,7 @@ MANY_THREADS = """
 import sys, threading, time
 import numpy as np
 from engine import Engine, EngineConfig, TranscriptionOptions
-from worker.batching import Batcher
+from worker.core.batching import Batcher
 
 stream = Engine.open(EngineConfig(model="tiny.en", device="cuda"))
 batcher = Batcher(stream, batch_size=4, max_wait_s=0.01)

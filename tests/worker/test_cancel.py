@@ -17,15 +17,15 @@ from botocore.exceptions import ClientError
 from engine import TranscriptionOptions
 from tests.conftest import open_stream
 from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
-from worker.batching import Batcher
 from worker.contract.jobs import JobInput, JobOptions, JobRecord, JobStatus, JobStore, new_job_id
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
-from worker.core import Cancelled
-from worker.execute import JobCancelled, Stored, execute
-from worker.looks import Looks
+from worker.core.batching import Batcher
+from worker.core.calls import Cancelled
+from worker.jobs.execute import JobCancelled, Stored, execute
+from worker.jobs.looks import Looks
+from worker.jobs.tasks import transcribe
 from worker.storage import Storage
-from worker.tasks import transcribe
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
@@ -93,7 +93,7 @@ def test_the_job_thread_stops_when_its_wait_says_cancelled(clips, core):
     assert time.monotonic() - start < 15  # the 20 windows left of the cancelled one: ~40 s
 
 
-# The job's run (worker.execute) and the task's hooks, in this process: Redis db 14, moto's S3.
+# The job's run (worker.jobs.execute) and the task's hooks, in this process: Redis db 14, moto's S3.
 
 
 class Stub:

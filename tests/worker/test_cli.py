@@ -90,7 +90,7 @@ def test_transcribe_gives_word_timestamps_near_transformers(clips):
     import soundfile as sf
 
     from engine.loader import model_dir
-    from engine.tools.word_timing import ClipWords, transformers_words
+    from tools.word_timing import ClipWords, transformers_words
 
     clip = clips["en_jfk"]
     done = transcribe_cli("--word-timestamps", "--format", "json", str(clip.path))
@@ -146,7 +146,7 @@ def settings_env(monkeypatch):
 def test_job_processes_default_to_the_device_and_the_cores(
     settings_env, monkeypatch, env, cores, gpus, expected
 ):
-    from worker import cli
+    from worker.cli import main as cli
 
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     settings_env(env)
@@ -168,7 +168,7 @@ def test_jobs_in_flight_default_to_filling_the_engine(settings_env, env, process
     """256 in flight (32 in each of 8 processes) left half of tiny.en's 512 slots empty on the
     H200: on a GPU the job processes together keep every slot filled."""
     from engine.slots import MAX_SLOTS
-    from worker import cli
+    from worker.cli import main as cli
     from worker.contract.settings import GPU_JOBS_IN_FLIGHT
 
     assert GPU_JOBS_IN_FLIGHT >= MAX_SLOTS
@@ -193,7 +193,7 @@ def test_a_worker_with_job_processes_spawns_its_core_before_importing_the_engine
     decides its shape and spawns the core before it imports torch (which it never needs)."""
     code = (
         "import sys, os; os.environ['WHISPERFLEET_DEVICE'] = 'auto'\n"
-        "from worker import cli, core\n"
+        "from worker.cli import main as cli\nfrom worker.core import process\n"
         "cli._job_processes()\n"
         "print('torch' in sys.modules)"
     )

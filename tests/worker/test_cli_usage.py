@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli import build_parser
+from worker.cli.main import build_parser
 
 ROOT = Path(__file__).parent.parent.parent
 WHISPERFLEET = str(Path(sys.executable).parent / "whisperfleet")  # the installed command
@@ -179,7 +179,7 @@ def test_a_bad_setting_is_one_line_naming_its_variable_without_its_value(env, li
 def _without_moto(*args: str) -> subprocess.CompletedProcess:
     """The command as on a machine where moto is not installed."""
     code = (
-        "import sys; sys.modules['moto'] = None; from worker.cli import main; "
+        "import sys; sys.modules['moto'] = None; from worker.cli.main import main; "
         f"sys.exit(main({list(args)!r}))"
     )
     return subprocess.run(

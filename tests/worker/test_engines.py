@@ -8,9 +8,10 @@ import torch
 
 from worker.contract.jobs import JobOptions
 from worker.contract.settings import Settings
-from worker.core import InProcess, UnknownModel
-from worker.engines import Engines
-from worker.transcripts import job_seed
+from worker.core.calls import UnknownModel
+from worker.core.engines import Engines
+from worker.core.process import InProcess
+from worker.core.transcripts import job_seed
 
 
 def test_unknown_model_lists_the_served_ones():
@@ -90,7 +91,7 @@ def test_fp8_cross_attention_cache_holds_more_slots_and_still_transcribes(clips,
 def test_out_of_memory_halves_the_slot_pool_and_the_job_still_succeeds(clips, monkeypatch, core):
     from engine import Engine
     from engine.runner import Runner
-    from worker.core import EngineFailed
+    from worker.core.calls import EngineFailed
 
     settings = Settings(models="tiny.en", device="cpu", slot_memory_bytes=200 * 1024**2)
     opened, open_model = [], Engine.open

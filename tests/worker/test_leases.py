@@ -12,8 +12,8 @@ from tests.worker.test_jobs import record
 from worker.app import create_app
 from worker.contract.dispatch import dispatch
 from worker.contract.jobs import JobStatus, JobStore
-from worker.execute import stored_result
-from worker.leases import Leases, Reconciler, poison
+from worker.jobs.execute import stored_result
+from worker.jobs.leases import Leases, Reconciler, poison
 from worker.storage import Storage
 
 RESULT = json.dumps({**STORED, "duration": 11.0})

@@ -1,4 +1,4 @@
-"""A job process's looks at its running jobs (worker.looks), on the real Redis: one read for
+"""A job process's looks at its running jobs (worker.jobs.looks), on the real Redis: one read for
 all of them, their progress in one compare-and-set call, a cancel seen by the job's wait, and
 Redis away stopping nothing."""
 
@@ -15,7 +15,7 @@ from redis.retry import Retry
 
 from tests.conftest import free_port
 from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, Progress, new_job_id
-from worker.looks import Looks
+from worker.jobs.looks import Looks
 
 
 class Counting(redis.Redis):
@@ -121,7 +121,7 @@ def test_redis_away_stops_no_job_and_is_logged_once(caplog):
     looks, stop = Looks(away, every_s=0.02, progress_every_s=0.04), threading.Event()
     threading.Thread(target=looks.loop, args=(stop,), daemon=True).start()
     try:
-        with caplog.at_level(logging.WARNING, logger="worker.looks"):
+        with caplog.at_level(logging.WARNING, logger="worker.jobs.looks"):
             with looks.running("job") as on_wait:
                 for _ in range(10):
                     assert on_wait(SimpleNamespace(done_s=1.0, total_s=5.0)) is False
@@ -147,7 +147,7 @@ def test_a_look_that_fails_for_another_reason_does_not_end_the_looks(store, monk
     looks, stop = Looks(store, every_s=0.02), threading.Event()
     threading.Thread(target=looks.loop, args=(stop,), daemon=True).start()
     try:
-        with caplog.at_level(logging.WARNING, logger="worker.looks"):
+        with caplog.at_level(logging.WARNING, logger="worker.jobs.looks"):
             with looks.running(job_id) as on_wait:
                 store.transition(job_id, JobStatus.cancelled)
                 deadline = time.monotonic() + 5

@@ -13,10 +13,10 @@ from tests.conftest import free_port
 from worker import metrics
 from worker.contract.jobs import JobInput, JobRecord, JobStore, new_job_id
 from worker.contract.settings import Settings
-from worker.execute import execute
-from worker.looks import Looks
+from worker.jobs.execute import execute
+from worker.jobs.looks import Looks
+from worker.jobs.tasks import transcribe
 from worker.storage import Storage
-from worker.tasks import transcribe
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import redis
 
 from tests.conftest import free_port
 from worker.contract.jobs import JobInput, JobRecord, JobStore, new_job_id
-from worker.leases import Leases, Reconciler
-from worker.orphans import OrphanSweeper
+from worker.jobs.leases import Leases, Reconciler
+from worker.jobs.orphans import OrphanSweeper
 from worker.storage import Storage
 
 
@@ -51,7 +51,7 @@ def test_storage_away_is_logged_and_swept_again_later(settings, caplog):
     sweeper = OrphanSweeper(
         Storage(away), JobStore(redis.Redis.from_url(away.redis_url)), 3600, record_lifetime_s=3600
     )
-    with caplog.at_level(logging.WARNING, "worker.orphans"):
+    with caplog.at_level(logging.WARNING, "worker.jobs.orphans"):
         sweeper()
         sweeper()  # within every_s: not tried again
     (entry,) = caplog.records

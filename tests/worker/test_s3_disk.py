@@ -12,8 +12,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from tests.conftest import free_port, stop, wait_for_port
-from worker import s3_server
 from worker.contract.settings import DEFAULT_S3_KEY
+from worker.local import s3_server
 
 
 def serve(port, data):

@@ -20,7 +20,7 @@ while True:
 
 SUPERVISOR = """
 import sys
-from worker.supervisor import Child, Supervisor
+from worker.cli.supervisor import Child, Supervisor
 
 with Supervisor(stop_timeout=10) as processes:
     processes.add(Child("child", [sys.executable, "-c", sys.argv[1], sys.argv[2]]))

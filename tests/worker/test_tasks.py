@@ -10,9 +10,9 @@ from redis.retry import Retry
 
 from tests.conftest import free_port
 from worker.contract.jobs import JobStore
-from worker.execute import JobFailed, Stored
-from worker.leases import Leases
-from worker.tasks import transcribe
+from worker.jobs.execute import JobFailed, Stored
+from worker.jobs.leases import Leases
+from worker.jobs.tasks import transcribe
 
 
 @pytest.fixture

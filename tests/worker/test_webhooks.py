@@ -1,5 +1,5 @@
-"""Webhooks (worker.webhooks): the address check (private, loopback, link-local and their IPv6
-forms refused; DNS rebinding caught at delivery; the connection pinned to the address
+"""Webhooks (worker.webhooks.delivery): the address check (private, loopback, link-local and
+their IPv6 forms refused; DNS rebinding caught at delivery; the connection pinned to the address
 checked), the signature, one attempt against a real loopback receiver, and the real
 `whisperfleet webhooks` process: a signed post verified by the receiver, a retry after a
 failure, a private address never posted, attempts bounded. A redis-server of its own (a free
@@ -24,12 +24,12 @@ import pytest
 import redis
 
 from tests.conftest import free_port, start_redis, stop
-from worker import webhooks
 from worker.app import create_app
 from worker.contract.jobs import JobInput, JobRecord, JobStatus, JobStore, Progress, new_job_id
 from worker.contract.settings import Settings
 from worker.contract.tenants import Tenants
-from worker.webhooks import (
+from worker.webhooks import delivery as webhooks
+from worker.webhooks.delivery import (
     EVENT_HEADER,
     ID_HEADER,
     SIGNATURE_HEADER,
@@ -407,7 +407,10 @@ def test_notify_with_the_broker_away_logs_and_goes_on(caplog):
 
 
 def test_the_webhooks_module_imports_neither_torch_nor_fastapi():
-    code = "import sys, worker.webhooks; print(sorted({'torch', 'fastapi'} & set(sys.modules)))"
+    code = (
+        "import sys, worker.webhooks.delivery; "
+        "print(sorted({'torch', 'fastapi'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -415,8 +418,8 @@ def test_the_webhooks_module_imports_neither_torch_nor_fastapi():
 def test_the_task_hooks_notify_after_a_terminal_move_only(redis_url, monkeypatch):
     """A GPU worker's hooks: `succeeded` and `failed` notify; a move refused (the job was
     cancelled meanwhile: the API notified then) does not."""
-    from worker import tasks
-    from worker.execute import JobFailed, Stored
+    from worker.jobs import tasks
+    from worker.jobs.execute import JobFailed, Stored
 
     store = JobStore(redis.Redis.from_url(redis_url), prefix=f"t{uuid.uuid4().hex[:8]}")
     sent = []

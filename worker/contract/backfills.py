@@ -2,8 +2,8 @@
 and again on a schedule for the objects that arrived since.
 
 Light on purpose (no torch, no FastAPI): the API makes and reads backfills, the scanner
-(`worker.scanner`) runs them, and the job store counts their jobs' ends (`JobStore`, in the
-same transaction that ends a job, so each end is counted once whoever ends it).
+(`worker.backfills.scanner`) runs them, and the job store counts their jobs' ends (`JobStore`,
+in the same transaction that ends a job, so each end is counted once whoever ends it).
 
 A backfill's jobs are ordinary `bulk` jobs on `s3://` sources, with an id derived from what
 makes the result (`object_job_id`): an object whose job exists is never given a second one,

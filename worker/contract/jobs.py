@@ -100,7 +100,7 @@ class JobRecord(BaseModel):
     # the input named by the client (s3://bucket/key): read, never written or deleted; None:
     # the input was uploaded, and is the job's own object (`input_key`)
     source: str | None = None
-    webhook: str | None = None  # posted the record on the terminal state (worker.webhooks)
+    webhook: str | None = None  # posted the record on the terminal state (worker.webhooks.delivery)
     backfill: BackfillRef | None = None  # its end is counted on the backfill
     progress: Progress = Field(default_factory=Progress)
     error: JobError | None = None

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     tenant_jobs_in_flight: int = Field(1000, gt=0)
     # an Idempotency-Key is remembered this long. A job's record is kept job_retention_s once
     # it succeeded or failed, cancelled_retention_s once cancelled: then it is gone from GET
-    # and the list, and its uploaded input is deleted (worker.orphans); its result object
+    # and the list, and its uploaded input is deleted (worker.jobs.orphans); its result object
     # stays (a lifecycle rule on the bucket bounds those)
     idempotency_ttl_s: float = Field(24 * 3600.0, gt=0)
     job_retention_s: float = Field(30 * 24 * 3600.0, gt=0, le=MAX_RETENTION_S)
@@ -83,10 +83,10 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(10.0, gt=0)
     webhook_max_attempts: int = Field(8, gt=0)
 
-    # Backfills (worker.scanner): jobs are made while fewer than backfill_queue_bound messages
-    # wait in the bulk queue, shared fairly between the backfills scanning; a tenant may have
-    # backfill_max_active backfills that are not done or cancelled. A backfill's job record
-    # goes backfill_job_retention_s after the scanner wrote it into the manifest (which
+    # Backfills (worker.backfills.scanner): jobs are made while fewer than backfill_queue_bound
+    # messages wait in the bulk queue, shared fairly between the backfills scanning; a tenant
+    # may have backfill_max_active backfills that are not done or cancelled. A backfill's job
+    # record goes backfill_job_retention_s after the scanner wrote it into the manifest (which
     # keeps it); a small mark of its end stays, so a rerun still skips the object.
     backfill_queue_bound: int = Field(1000, gt=0)
     backfill_max_active: int = Field(20, gt=0)

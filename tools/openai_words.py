@@ -2,7 +2,7 @@
 --openai-python. It runs in an environment of its own (torch, numpy and openai-whisper, not this
 project), so it imports nothing else:
 
-    OPENAI_PYTHON engine/tools/openai_words.py MODEL.pt HEADS CLIPS.npz WORDS.json
+    OPENAI_PYTHON tools/openai_words.py MODEL.pt HEADS CLIPS.npz WORDS.json
 
 MODEL.pt: the project's weights in openai-whisper's layout (`word_timing.openai_checkpoint`);
 HEADS: the alignment heads the engine uses, as JSON [[layer, head], ...]; CLIPS.npz: each

@@ -37,8 +37,8 @@ from engine.inputs import audio_sources
 from engine.mel import N_SAMPLES
 from engine.options import TranscriptionOptions
 from engine.stream import Stream
-from engine.tools.evaluate import GREEDY, Clip, read_manifest
-from engine.tools.wer import word_error_rate
+from tools.evaluate import GREEDY, Clip, read_manifest
+from tools.wer import word_error_rate
 
 SAMPLED = TranscriptionOptions(timestamps=True, temperature=(0.6,))
 WER_TOLERANCE = 0.3  # percentage points

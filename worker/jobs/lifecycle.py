@@ -5,15 +5,15 @@ as `whisperfleet worker`:
 - log lines that name their job (`WHISPERFLEET_LOG_FORMAT`);
 - the default model loaded (and converted, the first time) before any message is taken;
 - the heartbeat that renews the lease of every job the process runs, and the looks at their
-  records (`worker.looks`: cancels seen, progress written);
+  records (`worker.jobs.looks`: cancels seen, progress written);
 - its presence on the queues it consumes (`worker.contract.presence`), marked once Celery
   consumes them and renewed while the engine turns: the API's `/readyz` is ready only while
   every queue has a worker;
 - the reconciler that takes over the jobs of workers that died (and ends those whose result is
-  stored or whose age ran out), and deletes job inputs no record claims (`worker.orphans`);
+  stored or whose age ran out), and deletes job inputs no record claims (`worker.jobs.orphans`);
 - Prometheus metrics on `WHISPERFLEET_METRICS_PORT`, and `/ready` there (200 once it takes
   jobs);
-- the engine core (`worker.core`), the process that holds the models, stopped with the
+- the engine core (`worker.core.process`), the process that holds the models, stopped with the
   worker; a fault of the GPU ends the core and the worker with it (exit 70): its CUDA context
   cannot be trusted, a supervisor starts a new worker, and the jobs in flight are taken over
   by lease.
@@ -39,11 +39,11 @@ from worker.contract.dispatch import dispatch
 from worker.contract.jobs import JobRecord
 from worker.contract.presence import Presence
 from worker.contract.settings import get_settings
-from worker.core import exit_with_core
-from worker.execute import stored_result
-from worker.leases import Reconciler
-from worker.orphans import OrphanSweeper
-from worker.tasks import WORKER_ID, app, transcribe
+from worker.core.process import exit_with_core
+from worker.jobs.execute import stored_result
+from worker.jobs.leases import Reconciler
+from worker.jobs.orphans import OrphanSweeper
+from worker.jobs.tasks import WORKER_ID, app, transcribe
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from urllib.parse import urlparse
 
 import redis
 
-from worker import s3_server
 from worker.contract.settings import Settings
+from worker.local import s3_server
 
 
 class ServiceError(SystemExit):

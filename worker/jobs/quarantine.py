@@ -6,7 +6,7 @@ cannot say which job killed it, and counting starts would fail good jobs whose w
 around them. So a start that never ended sends a job here. Each worker process keeps one
 quarantine process, spawned on first use (forking after CUDA is initialised breaks CUDA),
 which runs quarantined jobs one at a time through an engine of one slot (its core on a
-thread of that process: `worker.core.InProcess`). If it dies running a
+thread of that process: `worker.core.process.InProcess`). If it dies running a
 job, that job killed it: the task counts the death (`JobRecord.quarantine_deaths`) and fails
 the job as poison at `MAX_ATTEMPTS`. If the worker itself dies, its quarantine process ends
 too (it watches its parent) and nothing is counted: that death is unexplained again. A job
@@ -28,7 +28,7 @@ import redis
 
 from worker.contract.jobs import JobRecord, JobStore
 from worker.contract.settings import Settings, get_settings
-from worker.execute import TRANSIENT, JobCancelled, JobFailed, Stored, execute
+from worker.jobs.execute import TRANSIENT, JobCancelled, JobFailed, Stored, execute
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def _watch(parent: int) -> None:
 def serve(conn: Connection, parent: int) -> None:
     """The quarantine process: run the jobs the worker sends, one at a time, with one slot."""
     from worker import logs
-    from worker.core import EngineCore, InProcess, exit_with_core
-    from worker.looks import Looks
+    from worker.core.process import EngineCore, InProcess, exit_with_core
+    from worker.jobs.looks import Looks
     from worker.storage import Storage
 
     threading.Thread(target=_watch, args=(parent,), daemon=True).start()

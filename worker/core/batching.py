@@ -1,6 +1,6 @@
 """Micro-batching: the inputs of many jobs through one engine stream per model.
 
-It runs in the engine core (`worker.core`): each input the worker's job threads send is
+It runs in the engine core (`worker.core.process`): each input the worker's job threads send is
 prepared there and handed to its model's batcher, whose result goes back. The batcher's
 one thread owns the stream: it submits the inputs that arrived together once `batch_size` wait
 or the oldest has waited `max_wait_s` (a lone interactive job is held back no longer), and
@@ -24,7 +24,7 @@ import torch
 from engine import Stream, StreamStats, Transcription, TranscriptionOptions
 from engine.inputs import Prepared
 from worker import metrics
-from worker.core import Cancelled, EngineFailed
+from worker.core.calls import Cancelled, EngineFailed
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class Batcher:
         stream = self.stream
         tickets = set(stream.owners) | set(ready)
         if isinstance(error, torch.AcceleratorError) and self.on_device_fault:
-            self.on_device_fault(error)  # the process decides (worker.lifecycle ends it)
+            self.on_device_fault(error)  # the process decides (worker.jobs.lifecycle ends it)
         retry = True
         if isinstance(error, torch.OutOfMemoryError):
             retry = stream.shrink()  # decode fewer windows at once rather than fail the jobs

@@ -19,7 +19,7 @@ import redis
 from worker.contract.jobs import JobRecord, JobStatus, JobStore, Progress
 
 if TYPE_CHECKING:
-    from worker.core import Call
+    from worker.core.process import Call
 
 log = logging.getLogger(__name__)
 

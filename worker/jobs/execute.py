@@ -1,6 +1,6 @@
 """Running one job: read its input, transcribe it among the other jobs' inputs, store its
 result once. The task runs it in the worker process; the quarantine lane runs it in a process
-of its own (`worker.quarantine`). A result stored by an earlier run is kept: a job whose result
+of its own (`worker.jobs.quarantine`). A result stored by an earlier run is kept: a job whose result
 exists always ends `succeeded`, unless it was cancelled: a cancelled job's run stops, and no
 result of it may stay (the API deletes the job's objects when it cancels; a result the run
 stores after that, the run deletes)."""
@@ -18,9 +18,10 @@ from worker import metrics
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import JobError, JobRecord, JobStore
 from worker.contract.results import TranscriptResult
-from worker.core import Cancelled, EngineCore, EngineFailed, UnknownModel
+from worker.core.calls import Cancelled, EngineFailed, UnknownModel
+from worker.core.process import EngineCore
 from worker.failpoints import failpoint
-from worker.looks import Looks, cancelled
+from worker.jobs.looks import Looks, cancelled
 from worker.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The embedded S3 storage: moto's S3 backend served on its own, threaded.
 
-    python -m worker.s3_server -H 127.0.0.1 -p 9000
+    python -m worker.local.s3_server -H 127.0.0.1 -p 9000
 
 `python -m moto.server` routes every request through all of moto's services: under one lock
 shared by every request it lists moto's modules on disk to find the request's backend, then
@@ -9,8 +9,8 @@ logs the request. At a GPU fleet's rate of jobs that routing was the storage ser
 docs/benchmarks.md). Serving the S3 backend alone does the same S3 work, with moto's own
 request handler, in a third less CPU a request and no lock between requests.
 
-It serves only requests signed with the storage's key (worker.s3_gate), the one the rest of the
-fleet is configured with (WHISPERFLEET_S3_ACCESS_KEY_ID and _SECRET_ACCESS_KEY), and sends no
+It serves only requests signed with the storage's key (worker.local.s3_gate), the one the rest of
+the fleet is configured with (WHISPERFLEET_S3_ACCESS_KEY_ID and _SECRET_ACCESS_KEY), and sends no
 CORS headers, so a web page open in the operator's browser can neither read nor write it. Its
 public default key is refused where it would serve beyond this host.
 """
@@ -25,15 +25,15 @@ import sys
 from pathlib import Path
 
 from worker.contract.settings import DEFAULT_S3_KEY, LOOPBACK, Settings
-from worker.s3_disk import Disk, WriteThrough
-from worker.s3_gate import SignedOnly, StorageKey
+from worker.local.s3_disk import Disk, WriteThrough
+from worker.local.s3_gate import SignedOnly, StorageKey
 
 
 def command(host: str, port: int, data: Path | None = None) -> list[str]:
     """The command line that serves it at host:port (the stack's, the tests', the scripts'),
     its objects kept under `data` (None: in memory, gone when it stops)."""
     kept = ["--data", str(data)] if data is not None else []
-    return [sys.executable, "-m", "worker.s3_server", "-H", host, "-p", str(port), *kept]
+    return [sys.executable, "-m", "worker.local.s3_server", "-H", host, "-p", str(port), *kept]
 
 
 def main() -> None:

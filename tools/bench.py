@@ -12,7 +12,7 @@ or in fp8 ("engine fp8"), or the whole model in bf16 ("engine bf16"). Reported: 
 (best of 2 runs after a warm-up), audio seconds per second (RTFx), latency of one window at
 batch 1 (median of several runs, with their range), peak GPU memory, and the engine's
 windows/s over transformers' static cache at the same batch. The second part, real weights
-on real speech, is `engine.tools.gpu_checks`.
+on real speech, is `tools.gpu_checks`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch
 from engine.audio import Audio
 from engine.options import TranscriptionOptions
 from engine.stream import Stream
-from engine.tools.wer import word_error_rate
+from tools.wer import word_error_rate
 
 GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
 

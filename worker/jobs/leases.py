@@ -7,7 +7,7 @@ dropped: the holder finishes it, or dies and lets the lease lapse. Every worker 
 reconciler; one at a time (a lock in Redis) it looks at the active jobs not looked at lately:
 a job whose result is stored ends `succeeded`; a job older than its age limit ends `expired`;
 a running job without a lease lost its worker and is queued again, for the quarantine lane
-(`worker.quarantine`); a queued job whose message is gone (see `JobStore`) gets a new one. So
+(`worker.jobs.quarantine`); a queued job whose message is gone (see `JobStore`) gets a new one. So
 a dead worker's jobs are taken over once they are stale (`stale_after_s`, and `ttl_s` since
 the lease's last renewal) and at the reconciler's next turn: about a minute by default, not
 after Redis's visibility timeout.
@@ -137,7 +137,7 @@ class Reconciler:
         stored: Callable[[JobRecord], float | None],
         stale_after_s: float,
         max_age_s: float,
-        sweep: Callable[[], None] = lambda: None,  # a turn of worker.orphans.OrphanSweeper
+        sweep: Callable[[], None] = lambda: None,  # a turn of worker.jobs.orphans.OrphanSweeper
     ):
         """stored: the duration of a job's stored result, None if there is none."""
         self.store, self.leases, self.send, self.stored = store, leases, send, stored

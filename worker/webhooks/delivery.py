@@ -370,8 +370,8 @@ def notify(celery_app: Celery, record: JobRecord) -> bool:
 
 def create_webhook_app(settings: Settings) -> Celery:
     """The webhooks process's Celery app: the GPU workers' broker and reliability settings,
-    only `worker.webhooks`, only the `webhooks` queue. Never the current app, so importing this
-    module (the GPU worker's hooks do, for `notify`) leaves a process's own app alone."""
+    only `worker.webhooks.delivery`, only the `webhooks` queue. Never the current app, so importing
+    this module (the GPU worker's hooks do, for `notify`) leaves a process's own app alone."""
     app = Celery("whisperfleet-webhooks", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",

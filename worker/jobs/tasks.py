@@ -4,7 +4,7 @@ The task takes an id and checks the world itself: a redelivered message may find
 finished, failed, or running under another worker's lease, and is then dropped; a takeover or
 a retry looks for a result an earlier run stored before anything else, and keeps it. A job
 whose last start never ended (its worker died under it) runs in the quarantine lane
-(`worker.quarantine`). The record's moves live in the task's hooks, next to the task (Celery's
+(`worker.jobs.quarantine`). The record's moves live in the task's hooks, next to the task (Celery's
 `on_success` / `on_failure` / `on_retry`): succeeded once the result is stored, failed with a
 reason (bad input, poison, expired: the message is rejected, never requeued), queued again
 for a transient error (storage, Redis or the engine away: Celery's own backoff with jitter,
@@ -38,8 +38,9 @@ from worker.contract.jobs import (
     TransitionError,
 )
 from worker.contract.settings import get_settings
-from worker.core import EngineCore, shared_core
-from worker.execute import (
+from worker.core.process import EngineCore, shared_core
+from worker.failpoints import failpoint
+from worker.jobs.execute import (
     TRANSIENT,
     JobCancelled,
     JobFailed,
@@ -49,14 +50,13 @@ from worker.execute import (
     stored_result,
     was_cancelled,
 )
-from worker.failpoints import failpoint
-from worker.leases import Leases, expired, poison
+from worker.jobs.leases import Leases, expired, poison
+from worker.jobs.looks import Looks
+from worker.jobs.quarantine import Died, Quarantine, Unavailable
 from worker.logs import current_job
-from worker.looks import Looks
 from worker.metrics import JOB_STAGE, JOBS
-from worker.quarantine import Died, Quarantine, Unavailable
 from worker.storage import MIN_CONNECTIONS, Storage
-from worker.webhooks import notify
+from worker.webhooks.delivery import notify
 
 log = logging.getLogger(__name__)  # not get_task_logger: its parent, "celery", is quiet
 
@@ -106,7 +106,7 @@ class JobTask(Task):
                 )
                 log.info("job %s succeeded", job_id)
                 JOBS.labels("succeeded").inc()
-                notify(app, record)  # its webhook, if it names one (worker.webhooks)
+                notify(app, record)  # its webhook, if it names one (worker.webhooks.delivery)
             except TransitionError as e:  # it ended otherwise meanwhile; its result stays
                 log.warning("job %s: %s", job_id, e)
                 # unless it was cancelled: the cancel won, and no result of it may stay

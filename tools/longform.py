@@ -32,11 +32,11 @@ from engine.longform import SequentialRequest, Window
 from engine.mel import SAMPLE_RATE
 from engine.options import TranscriptionOptions
 from engine.stream import Stream
-from engine.tools.evaluate import Clip, TransformersReference
-from engine.tools.wer import word_error_rate
 from engine.vad import regions_of, voiced_seconds
+from tools.evaluate import Clip, TransformersReference
+from tools.wer import word_error_rate
 
-REFERENCE_RUNNER = Path(__file__).resolve().parents[2] / "scripts" / "longform_reference.py"
+REFERENCE_RUNNER = Path(__file__).resolve().parents[1] / "scripts" / "longform_reference.py"
 
 
 @dataclass
@@ -419,7 +419,7 @@ def run_all(
     transformers: bool = True,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, list[Run]]:
-    from engine.tools.word_timing import openai_checkpoint
+    from tools.word_timing import openai_checkpoint
 
     loaded = stream.engine.loaded
     runs: dict[str, list[Run]] = {}

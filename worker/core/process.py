@@ -49,12 +49,13 @@ from worker.contract.jobs import QUEUES
 from worker.contract.options import JobOptions
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
-from worker.transcripts import engine_options, transcript
+from worker.core.calls import Cancelled, EngineFailed, single_flight
+from worker.core.transcripts import engine_options, transcript
 
 if TYPE_CHECKING:  # torch is imported only in the core: a worker spawns its core before it
     # imports anything heavy, so the two start together, and its job processes never import it
     from engine import Transcription, TranscriptionOptions
-    from worker.batching import Batcher, Ticket
+    from worker.core.batching import Batcher, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -78,36 +79,6 @@ def exit_with_core(code: int | None) -> None:
     log.critical("the engine core ended (exit %s); the worker ends too", code)
     logging.shutdown()
     os._exit(CUDA_FAULT_EXIT)
-
-
-class Cancelled(Exception):
-    """The input was taken out before its result (its job was cancelled)."""
-
-
-class EngineFailed(RuntimeError):
-    """The engine failed while this input was in flight; the input itself may be fine.
-    `retry`: whether running it again can succeed (false: out of memory at one slot);
-    `oom`: it ran out of device memory (the pool was halved: run it again at once)."""
-
-    def __init__(self, message: str, retry: bool, oom: bool = False):
-        super().__init__(message)
-        self.retry, self.oom = retry, oom
-
-    def __reduce__(self):  # it crosses from the engine core to the worker
-        return type(self), (self.args[0], self.retry, self.oom)
-
-
-class UnknownModel(ValueError):
-    """A model the worker's settings do not name."""
-
-
-def single_flight(under_way: dict[str, Future], key: str) -> tuple[Future, bool]:
-    """The future of the work on `key` under way, or a new one, and whether it is new (the
-    caller then does the work and sets it). Called under the lock that guards `under_way`."""
-    if key in under_way:
-        return under_way[key], False
-    under_way[key] = Future()
-    return under_way[key], True
 
 
 class InProcess:
@@ -359,7 +330,7 @@ class EngineCore:
         it answers True the job was cancelled: its input leaves the stream at the batcher's
         next turn (its slots freed for the others) and Cancelled is raised. `wait_s` bounds
         how long a cancelled job keeps its slots, so it is short: the worker's `on_wait`
-        only reads what its process's last look found (`worker.looks`)."""
+        only reads what its process's last look found (`worker.jobs.looks`)."""
         priority = QUEUES[0] if urgent else QUEUES[-1]  # the metrics' label
         asked = engine_options(options, data)
         with metrics.stage("decode", priority):
@@ -440,7 +411,7 @@ class _Core:
     def __init__(self, settings: Settings, slots: int | None, conn: Connection):
         """conn: the owner's end (the process that spawned the core): its end closing ends
         the core, and its reports carry the engine's metrics."""
-        from worker.engines import Engines
+        from worker.core.engines import Engines
 
         self.engines = Engines(settings, on_device_fault=exit_on_device_fault, slots=slots)
         self.preparers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="prepare")

@@ -1,5 +1,5 @@
-"""The models a worker's engine core serves (`worker.core`): each opened on first use, warmed
-(every graph captured) and given a batcher that runs its stream, kept while the memory budget
+"""The models a worker's engine core serves (`worker.core.process`): each opened on first use,
+warmed (every graph captured) and given a batcher that runs its stream, kept while the memory budget
 allows, the least recently used dropped first.
 
 A model loads (and, the first time, converts) outside the lock: inputs of the models already
@@ -15,9 +15,9 @@ from collections import OrderedDict
 from concurrent.futures import Future
 
 from engine import Engine, EngineConfig, Stream
-from worker.batching import Batcher, DeviceFaultHandler
 from worker.contract.settings import Settings
-from worker.core import UnknownModel, single_flight
+from worker.core.batching import Batcher, DeviceFaultHandler
+from worker.core.calls import UnknownModel, single_flight
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,14 @@ import warnings
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from worker import backfill_cli
-from worker.backfill_cli import CliError
+from worker.cli import backfills as backfill_cli
+from worker.cli.backfills import CliError
+from worker.cli.supervisor import Child, Supervisor
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import QUEUES
 from worker.contract.options import JobCreate, Mode, OptionError, Task, values
 from worker.contract.settings import get_settings
 from worker.logs import worker_argv
-from worker.supervisor import Child, Supervisor
 
 # What the `engine` extra installs; only `api` runs without it. PyAV (`av`) is not among them:
 # it decodes only the containers libsndfile cannot, and says so when one comes (engine.audio).
@@ -47,7 +47,7 @@ def _stack(args: argparse.Namespace) -> int:
     it is, webhooks may go to loopback unless the environment says otherwise: a stack on this
     machine, for one user. With keys on, loopback is refused as anywhere else: a caller with a
     key could otherwise make the stack post to services of this host."""
-    from worker.embedded import ensure_redis, ensure_storage
+    from worker.local.embedded import ensure_redis, ensure_storage
 
     stack_defaults(os.environ)  # the children inherit them
     get_settings.cache_clear()
@@ -80,7 +80,7 @@ def _stack(args: argparse.Namespace) -> int:
 def _api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from worker.embedded import ensure_redis
+    from worker.local.embedded import ensure_redis
 
     ensure_redis(get_settings(), start=False)
     uvicorn.run("api.main:app", host=args.host, port=args.port, log_level="info")
@@ -97,14 +97,14 @@ def _worker(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or _job_concurrency(processes)
     if processes > 1:
         return _worker_processes(processes, concurrency, args.queues)
-    from worker.embedded import ensure_redis, ensure_storage
+    from worker.local.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
     ensure_redis(settings, start=False)
     ensure_storage(settings, start=False)
     from worker.app import app
 
-    # what the worker runs besides its jobs starts from Celery's signals (worker.lifecycle),
+    # what the worker runs besides its jobs starts from Celery's signals (worker.jobs.lifecycle),
     # as it does under `celery -A worker.app worker`
     app.worker_main(worker_argv("whisperfleet", args.queues, concurrency))
     return 0
@@ -167,8 +167,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _webhooks(args: argparse.Namespace) -> int:
-    from worker import webhooks
-    from worker.embedded import ensure_redis
+    from worker.local.embedded import ensure_redis
+    from worker.webhooks import delivery as webhooks
 
     ensure_redis(get_settings(), start=False)
     webhooks.run(args.concurrency, args.backoff)
@@ -176,8 +176,8 @@ def _webhooks(args: argparse.Namespace) -> int:
 
 
 def _scanner(args: argparse.Namespace) -> int:
-    from worker import scanner
-    from worker.embedded import ensure_redis, ensure_storage
+    from worker.backfills import scanner
+    from worker.local.embedded import ensure_redis, ensure_storage
 
     settings = get_settings()
     ensure_redis(settings, start=False)
@@ -187,8 +187,8 @@ def _scanner(args: argparse.Namespace) -> int:
 
 
 def _beat(args: argparse.Namespace) -> int:
-    from worker import scanner
-    from worker.embedded import ensure_redis
+    from worker.backfills import scanner
+    from worker.local.embedded import ensure_redis
 
     ensure_redis(get_settings(), start=False)
     scanner.beat()
@@ -294,14 +294,14 @@ def _worker_processes(processes: int, concurrency: int | None, queues: str) -> i
     job process that dies is started again; if the core ends unasked, this process ends (exit
     70) and the job processes end with their core."""
     from worker import logs, metrics
-    from worker.core import SHARED_ENV, EngineCore, exit_with_core
+    from worker.core.process import SHARED_ENV, EngineCore, exit_with_core
 
     settings = get_settings()
     logs.configure(settings.log_format)
     core = EngineCore(settings, on_exit=exit_with_core, listen=True)
     started = time.monotonic()
     core.start()  # first: the slowest part of a start, now beside the rest
-    from worker.embedded import ensure_redis, ensure_storage
+    from worker.local.embedded import ensure_redis, ensure_storage
 
     ensure_redis(settings, start=False)
     ensure_storage(settings, start=False)
@@ -491,7 +491,7 @@ def _inputs(names: list[str]) -> list[Path]:
 
 def _transcribe(args: argparse.Namespace) -> int:
     from engine import AudioError, OptionsError, SpectrogramError
-    from worker.transcripts import engine_options, transcript
+    from worker.core.transcripts import engine_options, transcript
 
     fields = {
         "task": args.task,
@@ -570,7 +570,7 @@ def _progress(name: str):
 
 def _manifest(name: str) -> None:
     """A manifest and the clips it names, checked before the model loads."""
-    from engine.tools.evaluate import ManifestError, read_manifest
+    from tools.evaluate import ManifestError, read_manifest
 
     try:
         read_manifest(Path(name))
@@ -581,7 +581,7 @@ def _manifest(name: str) -> None:
 def _eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine.tools.evaluate import evaluate
+    from tools.evaluate import evaluate
 
     _manifest(args.manifest)
     json_path = _output_file("--json", args.json) if args.json else None
@@ -602,7 +602,7 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
 
     from engine.loader import RANDOM_CONFIGS
-    from engine.tools import bench, gpu_checks
+    from tools import bench, gpu_checks
 
     if args.real:
         _manifest(args.manifest)

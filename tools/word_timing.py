@@ -29,7 +29,7 @@ from engine.loader import LoadedModel
 from engine.options import TranscriptionOptions
 from engine.stream import Stream
 from engine.timing import alignment_heads
-from engine.tools.evaluate import Clip
+from tools.evaluate import Clip
 
 OPTIONS = TranscriptionOptions(temperature=(0.0,), word_timestamps=True)
 # A word that ends a phrase is followed by a pause in the speech, which the path gives to the
@@ -147,7 +147,7 @@ def openai_words(
 ) -> dict[str, list[list[TimedWord]]]:
     """openai-whisper's own timed words for each clip's samples (16 kHz), on the weights in
     `loaded.path` and the engine's alignment heads, two ways: "transcribe" (as a user calls
-    it) and "same input" (its timing on the engine's input): engine/tools/openai_words.py, run
+    it) and "same input" (its timing on the engine's input): tools/openai_words.py, run
     by `python`, the interpreter of an environment with openai-whisper (not this project).
     Whatever it prints goes to stderr, away from the tables."""
     heads = [[layer, head] for layer, hs in alignment_heads(loaded).items() for head in hs]

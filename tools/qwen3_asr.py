@@ -8,9 +8,9 @@ byte-level BPE tokenizer that holds the model's special tokens. A user with the 
 converts them with transformers' own script (the `-hf` checkpoints) and names the directory
 `hf:/path`; nothing here is needed then.
 
-    python -m engine.tools.qwen3_asr make DIR [--size tiny|0.6B|1.7B]
-    python -m engine.tools.qwen3_asr reference DIR OUT   # the reference's layout of DIR
-    REFERENCE_PYTHON engine/tools/qwen3_asr.py run-reference OUT CLIPS.npz ANSWERS.json
+    python -m tools.qwen3_asr make DIR [--size tiny|0.6B|1.7B]
+    python -m tools.qwen3_asr reference DIR OUT   # the reference's layout of DIR
+    REFERENCE_PYTHON tools/qwen3_asr.py run-reference OUT CLIPS.npz ANSWERS.json
 """
 
 from __future__ import annotations
