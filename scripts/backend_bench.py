@@ -18,45 +18,33 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.loader import model_dir  # noqa: E402
+from scripts import harness  # noqa: E402
 from tools import qwen3_asr  # noqa: E402
-from tools.evaluate import read_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
-
-
-def clips(audio_dir: Path) -> list[tuple[bytes, float]]:
-    """The manifest's clips of up to 30 s: (bytes, seconds)."""
-    found = read_manifest(audio_dir / "manifest.jsonl")
-    return [(c.path.read_bytes(), c.seconds) for c in found if c.seconds <= 30]
 
 
 def timed(source: str, device: str, items: list[bytes], runs: int, options):
     """The texts of one run, and every run's seconds."""
     stream = Engine.open(EngineConfig(model=source, device=device))
     stream.warm()
-    seconds, texts = [], []
-    for _ in range(runs):
-        start = time.perf_counter()
-        results = stream.transcribe(items, options)
-        seconds.append(time.perf_counter() - start)
-        texts = [r.text for r in results]
+    results, seconds = harness.timed(partial(stream.transcribe, items, options), runs)
     del stream
-    return texts, seconds
+    return [r.text for r in results], seconds
 
 
 def row(name: str, backend: str, n: int, audio_s: float, seconds: list[float], same: str) -> str:
     median = statistics.median(seconds)
-    spread = f"{min(seconds):.2f}–{max(seconds):.2f}"
     return (
-        f"| {name} | {backend} | {n} | {median:.2f} ({spread}) | {n / median:.1f} "
+        f"| {name} | {backend} | {n} | {harness.spread(seconds)} | {n / median:.1f} "
         f"| {audio_s / median:.0f} | {same} |"
     )
 
@@ -71,7 +59,7 @@ def main() -> None:
     parser.add_argument("--qwen", choices=qwen3_asr.SIZES, help="also Qwen3-ASR of this size")
     args = parser.parse_args()
 
-    data = clips(Path(args.audio_dir)) * args.copies
+    data = harness.read_clips(Path(args.audio_dir)) * args.copies
     items, audio_s = [d for d, _ in data], sum(s for _, s in data)
     print(
         f"{len(items)} windows ({audio_s:.0f} s of speech), {args.device}, median of "

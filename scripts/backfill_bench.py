@@ -72,13 +72,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import io
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -87,23 +85,21 @@ import time
 import wave
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
-import boto3
 import httpx
 import psutil
 import redis
-from botocore.config import Config
 from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import seaweed  # noqa: E402
+from scripts import harness  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from worker.contract.jobs import QUEUES  # noqa: E402
-from worker.local import s3_server  # noqa: E402
 
 BULK = QUEUES[-1]
 STAGES = ("queue", "fetch", "decode", "engine", "store")  # worker.metrics.JOB_STAGE
@@ -119,36 +115,12 @@ VARIANTS = {  # name: the backfill's extensions ("bound" also sets the queue bou
 }
 
 
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _own_group() -> None:
-    """In the child before exec: a process group of its own (stopped as a whole), and a
-    SIGTERM when this script dies, however it dies."""
-    os.setsid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Stack:
-    """The processes this script started, stopped in reverse order (SIGTERM to the group,
-    SIGKILL after `grace` s)."""
+class Stack(harness.Stack):
+    """The stack of one run: its Redis db (emptied at the end), the storage with the job and
+    archive buckets, the API, workers and scanners."""
 
     def __init__(self, args: argparse.Namespace, log_dir: Path):
-        self.args, self.log_dir = args, log_dir
-        self.procs: list[tuple[str, subprocess.Popen, float]] = []
-        self.metrics_ports: list[int] = []
-        self.owned_db = False
-        self.redis_url = args.redis_url
-        self.s3_port = free_port()
-        self.env = {
-            **os.environ,
-            "WHISPERFLEET_S3_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}",
+        env = {
             "WHISPERFLEET_S3_BUCKET": JOB_BUCKET,
             "WHISPERFLEET_AUTH": "none",
             "WHISPERFLEET_TENANT_JOBS_PER_MINUTE": "1000000",  # warm-ups count too
@@ -159,60 +131,20 @@ class Stack:
             "WHISPERFLEET_MODELS": os.environ.get("WHISPERFLEET_MODELS") or args.model,
             "WHISPERFLEET_DEFAULT_MODEL": args.model,
         }
-
-    # -- processes
-
-    def start(self, name: str, argv: list[str], env: dict | None = None, grace: float = 15.0):
-        log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115
-        proc = subprocess.Popen(
-            argv, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, preexec_fn=_own_group, cwd=ROOT,
-        )  # fmt: skip
-        log.close()
-        self.procs.append((name, proc, grace))
-        return proc
-
-    def stop(self, proc: subprocess.Popen) -> None:
-        for i, (_, p, grace) in enumerate(self.procs):
-            if p is proc:
-                del self.procs[i]
-                _stop(p, grace)
-                return
+        super().__init__(log_dir, env, redis_url="" if args.redis_server else args.redis_url)
+        self.args = args
+        self.metrics_ports: list[int] = []
+        self.owned_db = False
 
     def close(self) -> None:
-        while self.procs:
-            _, proc, grace = self.procs.pop()
-            _stop(proc, grace)
-        if self.owned_db and self.redis_url:
+        super().close()
+        if self.owned_db:
             with contextlib.suppress(redis.RedisError):
                 redis.Redis.from_url(self.redis_url).flushdb()
 
-    def pid(self, name: str) -> int | None:
-        return next((p.pid for n, p, _ in self.procs if n == name), None)
-
-    def check(self) -> None:
-        """Raise if a process this script started has exited."""
-        for name, proc, _ in self.procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.tail(name)}")
-
-    def tail(self, name: str, lines: int = 30) -> str:
-        path = self.log_dir / f"{name}.log"
-        return "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
-
-    # -- the services
-
     def services(self) -> None:
         if self.args.redis_server:
-            port = free_port()
-            self.start(
-                "redis",
-                [self.args.redis_server, "--port", str(port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no"],
-                grace=5,
-            )  # fmt: skip
-            self.redis_url = f"redis://127.0.0.1:{port}/0"
-            _until(lambda: _answers(port), "redis-server", 20, self.check)
+            self.redis_server(self.args.redis_server)
         client = redis.Redis.from_url(self.redis_url)
         keys = client.dbsize()
         if keys and not self.args.flush:
@@ -222,46 +154,21 @@ class Stack:
             )
         client.flushdb()
         self.owned_db = True
-        self.env["WHISPERFLEET_REDIS_URL"] = self.redis_url
-        if self.args.weed:
-            env = {**os.environ, **seaweed.environment("whisperfleet", "whisperfleet")}
-            argv = seaweed.command(self.args.weed, self.log_dir / "seaweed", self.s3_port)
-            self.start("storage", argv, env, grace=10)
-        else:  # the embedded storage, its objects on disk as the stack keeps them
-            argv = s3_server.command("127.0.0.1", self.s3_port, self.log_dir / "storage")
-            self.start("storage", argv, grace=5)
+        self.storage(self.args.weed)
         s3 = self.s3()
-        _until(lambda: seaweed.answers(s3), "the storage", 60, self.check)
         for bucket in (JOB_BUCKET, ARCHIVE):
             s3.create_bucket(Bucket=bucket)
 
-    def api(self) -> httpx.Client:
-        port = free_port()
-        cli = [sys.executable, "-m", "worker.cli"]
-        self.start("api", [*cli, "api", "--port", str(port)], grace=5)
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
-
-        def ready() -> bool:
-            try:
-                checks = client.get("/readyz").json()["checks"]  # the workers start next
-                return checks["redis"] == checks["storage"] == "ok"
-            except httpx.HTTPError:
-                return False
-
-        _until(ready, "the API", 60, self.check)
-        return client
-
-    def worker(self, index: int) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "worker.cli", "worker"]
-        argv += ["--concurrency", str(self.args.concurrency)]
+    def start_worker(self, index: int) -> subprocess.Popen:
+        options = ["--concurrency", str(self.args.concurrency)]
         if getattr(self.args, "split", False):  # the first for interactive jobs alone
-            argv += ["--queues", "interactive" if index == 0 else BULK]
+            options += ["--queues", "interactive" if index == 0 else BULK]
         # its metrics, scraped around each phase; with job processes (a GPU's default), the
         # engine's on this port and each job process's on one after it
         port = free_port(65)
         self.metrics_ports.append(port)
         env = {**self.env, "WHISPERFLEET_METRICS_PORT": str(port)}
-        return self.start(f"worker-{index}", argv, env, grace=20)
+        return self.worker(f"worker-{index}", options, env)
 
     def scrape(self) -> dict[tuple, float]:
         """The workers' job stage and engine busy metrics, summed over the workers and their
@@ -288,47 +195,12 @@ class Stack:
         return totals
 
     def scanner(self, name: str, **env: str) -> subprocess.Popen:
-        proc = self.start(
-            name, [sys.executable, "-m", "worker.cli", "scanner"], {**self.env, **env}, grace=10
-        )
+        proc = self.start(name, [*harness.CLI, "scanner"], {**self.env, **env}, grace=10)
         try:
-            _until(lambda: " ready: " in self.tail(name, 200), "the scanner", 60, self.check)
+            harness.until(lambda: " ready: " in self.tail(name, 200), "the scanner", 60, self.check)
         except RuntimeError as e:
             raise RuntimeError(f"{e}; its log ends:\n{self.tail(name)}") from None
         return proc
-
-    def s3(self):
-        return boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{self.s3_port}",
-            region_name="us-east-1",
-            aws_access_key_id="whisperfleet",
-            aws_secret_access_key="whisperfleet",
-            config=Config(max_pool_connections=32, s3={"addressing_style": "path"}),
-        )
-
-
-def _stop(proc: subprocess.Popen, grace: float) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _until(check, what: str, timeout: float, alive=None, every: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if alive:
-            alive()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(every)
 
 
 def put_many(s3, bucket: str, items: list[tuple[str, bytes]], desc: str, threads: int = 16):
@@ -342,16 +214,6 @@ def put_many(s3, bucket: str, items: list[tuple[str, bytes]], desc: str, threads
         with ThreadPoolExecutor(threads) as pool:
             for _ in pool.map(put, items):
                 pass
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def when(iso: str) -> float:
@@ -448,10 +310,11 @@ class Phase:
             self.refused
         )
         failed = f" ({self.failed} failed)" * bool(self.failed)
+        p = harness.percentile
         return (
-            f"| {self.label} | {len(lat)}{refused}{failed} | {percentile(lat, 50):.2f} "
-            f"| {percentile(lat, 95):.2f} | {max(lat, default=float('nan')):.2f} "
-            f"| {percentile(self.waits, 50):.2f} / {percentile(self.waits, 95):.2f} {extra}"
+            f"| {self.label} | {len(lat)}{refused}{failed} | {p(lat, 50):.2f} "
+            f"| {p(lat, 95):.2f} | {max(lat, default=float('nan')):.2f} "
+            f"| {p(self.waits, 50):.2f} / {p(self.waits, 95):.2f} {extra}"
         )
 
 
@@ -463,7 +326,7 @@ def with_archive(args: argparse.Namespace, stack: Stack) -> tuple[list, httpx.Cl
     stack.services()
     api = stack.api()
     for i in range(args.workers):
-        stack.worker(i)
+        stack.start_worker(i)
     stack.scanner("scanner")
     copies = [
         (f"calls/{i:06d}-{clips[i % len(clips)][0]}", clips[i % len(clips)][1])
@@ -499,7 +362,9 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
         return b["counts"]["succeeded"] + b["counts"]["failed"]
 
     # the fleet is busy with the backfill once its first jobs have ended
-    _until(lambda: ended(backfill()) >= args.workers, "the backfill's first jobs", 300, stack.check)
+    harness.until(
+        lambda: ended(backfill()) >= args.workers, "the backfill's first jobs", 300, stack.check
+    )
     before, t0, scraped = backfill(), time.monotonic(), stack.scrape()
     busy = Phase(str(api.base_url), clips, args.jobs, args.interval, "backfill running")
     spy = py_spy(args.py_spy, stack.pid("worker-0"), args.jobs * args.interval)
@@ -531,7 +396,7 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     print("|---|---|---|---|---|---|---|---|")
     print(idle.row())
     print(busy.row(f"| {files_s:.2f} | {audio_s:.1f} |"))
-    ratio = percentile(busy.latencies, 95) / percentile(idle.latencies, 95)
+    ratio = harness.percentile(busy.latencies, 95) / harness.percentile(idle.latencies, 95)
     print(f"\np95(backfill) / p95(idle): {ratio:.2f}")
     print(
         "\nWhere a job's time went (the workers' `whisperfleet_job_stage_seconds`, mean ms per "
@@ -618,7 +483,7 @@ def progress(args: argparse.Namespace, stack: Stack) -> None:
         counts = api.get(f"/v1/backfills/{backfill_id}").json()["counts"]
         return counts["succeeded"] + counts["failed"]
 
-    _until(lambda: ended() >= args.workers, "the backfill's first jobs", 300, stack.check)
+    harness.until(lambda: ended() >= args.workers, "the backfill's first jobs", 300, stack.check)
     rows.append(watch(api, recording, "backfill running", stack.check))
     still = api.get(f"/v1/backfills/{backfill_id}").json()["counts"]["in_flight"]
     api.delete(f"/v1/backfills/{backfill_id}")
@@ -712,13 +577,9 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
     os.environ.update(stack.env)
     stream = Engine.open(Engines(Settings()).config(args.model))
     stream.transcribe([c[1] for c in clips])  # warm-up: load, compile, capture
-    engine_runs = []
-    for run in range(args.engine_runs):
-        start = time.perf_counter()
-        stream.transcribe([c[1] for c in files])
-        engine_runs.append(time.perf_counter() - start)
-        print(f"engine alone, run {run + 1}: {engine_runs[-1]:.2f} s", file=sys.stderr)
-    del stream
+    run = partial(stream.transcribe, [c[1] for c in files])
+    _, engine_runs = harness.timed(run, args.engine_runs, "engine alone")
+    del run, stream
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -726,7 +587,7 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
     stack.services()
     api = stack.api()
     for i in range(args.workers):
-        stack.worker(i)
+        stack.start_worker(i)
     stack.scanner("scanner")
     copies = [(f"calls/{i:06d}-{name}", data) for i, (name, data, _) in enumerate(files)]
     put_many(stack.s3(), ARCHIVE, copies, "archive")

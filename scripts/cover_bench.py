@@ -17,7 +17,7 @@ import argparse
 import json
 import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.mel import N_SAMPLES, SAMPLE_RATE  # noqa: E402
 from engine.vad import Detector  # noqa: E402
+from scripts import harness  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import Run, recordings, wer, window_log  # noqa: E402
 
@@ -41,17 +42,17 @@ def sync(device: str) -> None:
 
 def vad_seconds_per_hour(samples: np.ndarray, device: str, runs: int) -> list[float]:
     """Seconds the detector takes over `samples`, per hour of audio, each of `runs` times."""
-    out = []
-    for _ in range(runs + 1):  # the first loads and warms
+
+    def detect() -> None:
         sync(device)
-        start = time.perf_counter()
         detector = Detector(device)
         for i in range(0, len(samples), N_SAMPLES):
             detector.feed(samples[i : i + N_SAMPLES])
         detector.finish()
         sync(device)
-        out.append((time.perf_counter() - start) * 3600 * SAMPLE_RATE / len(samples))
-    return out[1:]
+
+    _, seconds = harness.timed(detect, runs + 1)  # the first loads and warms
+    return [s * 3600 * SAMPLE_RATE / len(samples) for s in seconds[1:]]
 
 
 def main() -> int:
@@ -76,20 +77,22 @@ def main() -> int:
 
     stream = Engine.open(EngineConfig(model=args.model, device=args.device, dtype=args.dtype))
     stream.warm()
+
+    def transcribe(options: TranscriptionOptions) -> tuple[list[str], int, int]:
+        """One run: its texts, the windows it decoded and those it timed for words."""
+        before = stream.stats
+        with window_log() as log:
+            sync(args.device)
+            results = stream.transcribe([r.samples for r in made], options)
+            sync(args.device)
+        timed = (stream.stats - before).timed  # none asked for words: skipped speech
+        return [t.text for t in results], len(log), timed
+
     rows = []
     for cover in (False, True):
-        options = TranscriptionOptions(cover_speech=cover)
-        walls, texts, windows = [], None, 0
-        for _ in range(args.runs + 1):  # the first warms what the graphs do not
-            before = stream.stats
-            with window_log() as log:
-                sync(args.device)
-                start = time.perf_counter()
-                results = stream.transcribe([r.samples for r in made], options)
-                sync(args.device)
-                walls.append(time.perf_counter() - start)
-            texts, windows = [t.text for t in results], len(log)
-            timed = (stream.stats - before).timed  # none asked for words: skipped speech
+        run = partial(transcribe, TranscriptionOptions(cover_speech=cover))
+        # the first run warms what the graphs do not
+        (texts, windows, timed), walls = harness.timed(run, args.runs + 1)
         walls = walls[1:]
         wers = [wer(r, Run(text, [], None, 0)) for r, text in zip(made, texts, strict=True)]
         rows.append(
@@ -105,10 +108,10 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for row in rows:
         median = statistics.median(row["wall_s"])
-        spread = f"{min(row['wall_s']):.2f}-{max(row['wall_s']):.2f}"
+        spread = harness.spread(row["wall_s"], form="{median} ({low}-{high})")
         wers = ", ".join(f"{w:.2f}" for w in row["wer"].values())
         print(
-            f"| {'on' if row['cover_speech'] else 'off'} | {median:.2f} ({spread}) | "
+            f"| {'on' if row['cover_speech'] else 'off'} | {spread} | "
             f"{audio_s / median:.0f} | {row['windows']} | {row['timed']} | {wers} |"
         )
     print("WER per recording: " + ", ".join(r.name for r in made))

@@ -58,7 +58,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +65,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from itertools import product
 from pathlib import Path
 
@@ -81,18 +81,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: the share
 from engine import Engine  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
-from scripts import seaweed  # noqa: E402
+from scripts import harness  # noqa: E402
 from scripts.redis_load import command_calls  # noqa: E402
 from scripts.rtfx_bench import pipeline_rtfx  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
-from tools.evaluate import read_manifest  # noqa: E402
 from worker.app import create_app  # noqa: E402
 from worker.contract.dispatch import dispatch  # noqa: E402
 from worker.contract.jobs import TERMINAL, JobInput, JobRecord, JobStatus, JobStore, new_job_id  # noqa: E402
 from worker.contract.results import TranscriptResult  # noqa: E402
 from worker.contract.settings import Settings  # noqa: E402
 from worker.core.engines import Engines  # noqa: E402
-from worker.local.embedded import ensure_redis, ensure_storage  # noqa: E402
 from worker.storage import Storage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,12 +136,6 @@ class Row:
         return self.engine_s / self.cold_s
 
 
-def read_clips(audio_dir: Path) -> list[tuple[bytes, float]]:
-    """The manifest's clips of up to 30 s: (bytes, seconds)."""
-    found = read_manifest(audio_dir / "manifest.jsonl")
-    return [(c.path.read_bytes(), c.seconds) for c in found if c.seconds <= 30]
-
-
 def spectrogram(data: bytes, n_mels: int) -> bytes:
     """A clip as the .npy a client would send: one 30 s window, float16."""
     samples = torch.from_numpy(decode_audio(data)[:N_SAMPLES])
@@ -152,38 +144,31 @@ def spectrogram(data: bytes, n_mels: int) -> bytes:
     return buffer.getvalue()
 
 
-def engine_alone(stream, inputs: Inputs, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        stream.transcribe(inputs.items)
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 class Fleet:
     """Redis, the S3 storage and one worker at a time (or one supervisor of a worker per
     GPU), on fresh ports."""
 
     def __init__(self, args: argparse.Namespace, model: str, source: str, log_dir: Path):
         self.args, self.model, self.log_dir = args, model, log_dir
-        redis_port, s3_port = free_port(), free_port()
         self.processes = 1
         self.gpus: list[str] = []  # `worker --gpus` these; none: a worker without it
-        self.settings = Settings(
-            redis_url=f"redis://127.0.0.1:{redis_port}/0",
-            s3_endpoint_url=f"http://127.0.0.1:{s3_port}",
-            s3_bucket="fleet-bench",
-            models=f"{model}={source}",
-            default_model=model,
-            device=args.device,
-            metrics_port=0,
-            slot_memory_bytes=args.slot_memory,
-            data_dir=log_dir,  # the embedded storage's objects: this run's alone
-        )
-        self.services = [ensure_redis(self.settings, start=True), self.start_storage(s3_port)]
+        env = {
+            "WHISPERFLEET_S3_BUCKET": "fleet-bench",
+            "WHISPERFLEET_MODELS": f"{model}={source}",
+            "WHISPERFLEET_DEFAULT_MODEL": model,
+            "WHISPERFLEET_DEVICE": args.device,
+            "WHISPERFLEET_MAX_JOB_AGE_S": "86400",
+            "TRITON_CACHE_DIR": str(log_dir / "triton"),
+        }
+        if args.slot_memory:
+            env["WHISPERFLEET_SLOT_MEMORY_BYTES"] = str(args.slot_memory)
+        self.stack = harness.Stack(log_dir, env)
+        self.stack.embedded_redis()
+        self.stack.storage(args.weed)
         # each worker's port, then one per job process: chosen with Redis and S3 listening
         self.metrics_port = free_port(8 * 9)
+        self.stack.env["WHISPERFLEET_METRICS_PORT"] = str(self.metrics_port)
+        self.settings = self.stack.settings
         self.store = JobStore(redis.Redis.from_url(self.settings.redis_url))
         self.storage, self.app = Storage(self.settings), create_app(self.settings)
         self.storage.ensure_bucket()
@@ -191,50 +176,14 @@ class Fleet:
             self.storage.client.put_bucket_versioning(
                 Bucket=self.storage.bucket, VersioningConfiguration={"Status": "Enabled"}
             )
-        self.env = {
-            **os.environ,
-            "WHISPERFLEET_REDIS_URL": self.settings.redis_url,
-            "WHISPERFLEET_S3_ENDPOINT_URL": self.settings.s3_endpoint_url,
-            "WHISPERFLEET_S3_BUCKET": self.settings.s3_bucket,
-            "WHISPERFLEET_MODELS": f"{model}={source}",
-            "WHISPERFLEET_DEFAULT_MODEL": model,
-            "WHISPERFLEET_DEVICE": args.device,
-            "WHISPERFLEET_METRICS_PORT": str(self.metrics_port),
-            "WHISPERFLEET_MAX_JOB_AGE_S": "86400",
-            "TRITON_CACHE_DIR": str(log_dir / "triton"),
-        }
-        if args.slot_memory:
-            self.env["WHISPERFLEET_SLOT_MEMORY_BYTES"] = str(args.slot_memory)
         self.worker: subprocess.Popen | None = None
         self.starts = 0
         self.polls = 0  # this script's own Redis commands in `wait`: one MGET a poll
 
-    def start_storage(self, port: int) -> subprocess.Popen | None:
-        """The embedded storage, or SeaweedFS (`--weed`) with the fleet's key."""
-        if not self.args.weed:
-            return ensure_storage(self.settings, start=True)
-        key = self.settings.s3_access_key_id, self.settings.s3_secret_access_key
-        proc = subprocess.Popen(
-            seaweed.command(self.args.weed, self.log_dir / "seaweed", port),
-            env={**os.environ, **seaweed.environment(*key)},
-            stdout=open(self.log_dir / "seaweed.log", "w"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        client, deadline = Storage(self.settings).client, time.monotonic() + 60
-        while not seaweed.answers(client):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"SeaweedFS did not start: {self.log_dir}/seaweed.log")
-            time.sleep(0.2)
-        return proc
-
     def close(self) -> None:
         if self.worker is not None:
             self.kill_worker()
-        for proc in self.services:
-            if proc is not None:
-                proc.terminate()
-                proc.wait()
+        self.stack.close()
 
     def upload(self, inputs: Inputs) -> list[JobRecord]:
         """Store the inputs and their records (queued, not yet dispatched)."""
@@ -293,40 +242,22 @@ class Fleet:
     def start_worker(self) -> tuple[float, float]:
         """Start a worker; return when it started (time.time) and its seconds to `/ready`."""
         self.starts += 1
-        log = open(self.log_dir / f"worker-{self.model}-{self.starts}.log", "w")  # noqa: SIM115
         started = time.time()
-        cli = [sys.executable, "-m", "worker.cli", "worker", "--processes", str(self.processes)]
+        options = ["--processes", str(self.processes)]
         if self.gpus:
-            cli += ["--gpus", ",".join(self.gpus)]
+            options += ["--gpus", ",".join(self.gpus)]
         if self.args.concurrency:  # else the worker's default
             each = -(-self.args.concurrency // self.processes)  # the jobs in flight, split
-            cli += ["--concurrency", str(each)]
+            options += ["--concurrency", str(each)]
+        wrap = []
         if self.args.profile:  # py-spy samples the worker and every process it starts
-            out = Path(self.args.profile) / f"start-{self.model}-{self.starts}.txt"
+            out = Path(self.args.profile).resolve() / f"start-{self.model}-{self.starts}.txt"
             spy = "record --subprocesses --threads --idle --nonblocking --rate 100 --format raw"
-            cli = ["py-spy", *spy.split(), "--output", str(out), "--", *cli]
-        self.worker = subprocess.Popen(
-            cli, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.wait_ready(log.name)
+            wrap = ["py-spy", *spy.split(), "--output", str(out), "--"]
+        self.worker = self.stack.worker(f"worker-{self.model}-{self.starts}", options, wrap=wrap)
+        # every worker warm: its model loaded, graphs captured
+        self.stack.ready([ports[0] for ports in self.worker_ports()])
         return started, time.time() - started
-
-    def wait_ready(self, log: str, timeout_s: float = 600) -> None:
-        """Until every worker says `/ready` (each warm: its model loaded, graphs captured)."""
-        waiting = [ports[0] for ports in self.worker_ports()]
-        deadline = time.monotonic() + timeout_s
-        while waiting:
-            if self.worker.poll() is not None:
-                raise SystemExit(f"the worker exited ({self.worker.returncode}): {log}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"no /ready on port {waiting[0]} in {timeout_s:.0f} s: {log}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{waiting[0]}/ready", timeout=1).status_code == 200:
-                    waiting.pop(0)
-                    continue
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds spent so far by each part of the fleet on this machine: the worker
@@ -341,9 +272,9 @@ class Fleet:
             cmdline = " ".join(child.cmdline())
             kind = "core" if "multiprocessing" in cmdline else "job processes"
             parts[kind].append(child)
-        for name, proc in zip(("redis", "storage"), self.services, strict=True):
-            if proc is not None:
-                parts[name].append(psutil.Process(proc.pid))
+        for name in ("redis", "storage"):
+            if (pid := self.stack.pid(name)) is not None:
+                parts[name].append(psutil.Process(pid))
         parts["bench"] = [psutil.Process()]
         seconds = {}
         for name, procs in parts.items():
@@ -362,12 +293,14 @@ class Fleet:
             os.kill(self.worker.pid, signal.SIGINT)
             self.worker.wait()
             os.killpg(self.worker.pid, signal.SIGKILL)
+            self.stack.stop(self.worker)  # ended: only forgotten
             self.worker = None
             return True
         worker = psutil.Process(self.worker.pid)
         cores, supervised = worker.children(recursive=True), worker.children()
         os.kill(self.worker.pid, signal.SIGKILL)
         self.worker.wait()
+        self.stack.stop(self.worker)
         self.worker = None
         if self.gpus:  # the supervisor's workers (in process groups of their own) go too
             for proc in supervised:
@@ -622,7 +555,7 @@ def main() -> None:
     if args.restarts:
         restarts(args)
         return
-    clips = read_clips(Path(args.audio_dir))
+    clips = harness.read_clips(Path(args.audio_dir))
     log_dir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     compile_cache = log_dir / "triton"  # the workers': empty, the first start compiles all
     os.environ["TRITON_CACHE_DIR"] = str(log_dir / "triton-engine")  # this process's
@@ -649,7 +582,10 @@ def main() -> None:
             for kind in kinds:
                 for copies in map(int, args.copies.split(",")):
                     inputs = model_inputs(kind, clips, copies, n_mels, random_weights)
-                    engine_s = engine_alone(stream, inputs, args.engine_runs)
+                    _, seconds = harness.timed(
+                        partial(stream.transcribe, inputs.items), args.engine_runs
+                    )
+                    engine_s = min(seconds)  # the best run
                     for processes, gpus, run in product(
                         map(int, args.processes.split(",")),
                         map(gpu_list, args.gpus or [""]),
@@ -705,11 +641,7 @@ def runs_table(rows: list[Row]) -> str:
     for r in rows:
         groups.setdefault((r.model, r.kind, r.copies, r.processes, r.gpus), []).append(r)
 
-    def spread(values: list[float], digits: int = 2) -> str:
-        if not values:
-            return "—"
-        return (f"{statistics.median(values):.{digits}f} "
-                f"[{min(values):.{digits}f}–{max(values):.{digits}f}]")  # fmt: skip
+    spread = partial(harness.spread, form="{median} [{low}–{high}]")
 
     for (model, kind, copies, processes, gpus), group in groups.items():
         restarts = [r.ready_s for r in group if not r.first_start]

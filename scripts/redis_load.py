@@ -34,11 +34,9 @@ import argparse
 import base64
 import json
 import multiprocessing
-import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,16 +46,14 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import psutil
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: the shared helpers
 
-from tests.conftest import free_port, stop, wait_for_port  # noqa: E402
-from worker.contract.settings import Settings  # noqa: E402
+from scripts import harness  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 from worker.contract.tenants import Tenants  # noqa: E402
-from worker.local.embedded import ensure_redis  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 OWN = {b"info", b"config", b"client", b"monitor"}  # this script's own commands
@@ -130,79 +126,32 @@ def roles(procs: dict[str, psutil.Process], redis_port: int) -> dict[int, str]:
     return found
 
 
-class Stack:
+class Stack(harness.Stack):
     """Redis, an S3 server that logs its requests, the API and a worker, on fresh ports."""
 
     def __init__(self, args: argparse.Namespace, logs: Path):
-        self.redis_proc = self.s3 = self.worker = self.api = None
+        self.metrics = free_port()
+        env = {"WHISPERFLEET_DEVICE": args.device, "WHISPERFLEET_METRICS_PORT": str(self.metrics)}
+        super().__init__(logs, env)
         try:
-            self._start(args, logs)
+            self._start()
         except BaseException:
             self.close()  # nothing left running
             raise
 
-    def _start(self, args: argparse.Namespace, logs: Path) -> None:
-        self.redis_port, s3_port, self.api_port = free_port(), free_port(), free_port()
-        metrics = free_port()
-        self.settings = Settings(
-            redis_url=f"redis://127.0.0.1:{self.redis_port}/0",
-            s3_endpoint_url=f"http://127.0.0.1:{s3_port}",
-        )
-        self.redis_proc = ensure_redis(self.settings, start=True)
-        self.s3_log = logs / "s3.log"
-        self.s3 = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-p", str(s3_port)],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.s3_log, "w"),
-        )
-        wait_for_port(s3_port, self.s3)
-        self.redis = redis.Redis.from_url(self.settings.redis_url)
+    def _start(self) -> None:
+        self.embedded_redis()
+        self.start("s3", [sys.executable, "-m", "moto.server", "-p", str(self.s3_port)], grace=5)
+        harness.until(lambda: harness.answers(self.s3_port), "moto.server", 60, self.check)
+        self.redis = redis.Redis.from_url(self.redis_url)
         self.key, _ = Tenants(self.redis, self.settings).create_key("plan")
-        env = {
-            **os.environ,
-            "WHISPERFLEET_REDIS_URL": self.settings.redis_url,
-            "WHISPERFLEET_S3_ENDPOINT_URL": self.settings.s3_endpoint_url,
-            "WHISPERFLEET_DEVICE": args.device,
-            "WHISPERFLEET_METRICS_PORT": str(metrics),
-        }
-        cli = [sys.executable, "-m", "worker.cli"]
-        self.worker = subprocess.Popen(
-            [*cli, "worker"],
-            env=env,
-            stdout=open(logs / "worker.log", "w"),
-            stderr=subprocess.STDOUT,
-        )
-        self.api = subprocess.Popen(
-            [*cli, "api", "--port", str(self.api_port)],
-            env=env,
-            stdout=open(logs / "api.log", "w"),
-            stderr=subprocess.STDOUT,
-        )
-        wait_for_port(self.api_port, self.api)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:  # ready: the model loaded and warm
-            try:
-                if httpx.get(f"http://127.0.0.1:{metrics}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.worker.poll() is not None:
-                raise SystemExit(f"the worker exited; see {logs / 'worker.log'}")
-            time.sleep(0.2)
-        self.http = httpx.Client(
-            base_url=f"http://127.0.0.1:{self.api_port}",
-            headers={"Authorization": f"Bearer {self.key}"},
-            timeout=60,
-        )
-
-    def close(self) -> None:
-        for proc in (self.api, self.worker, self.s3, self.redis_proc):
-            if proc is not None:
-                stop(proc)
+        self.worker("worker", [])
+        self.http = self.api({"Authorization": f"Bearer {self.key}"})
+        self.ready([self.metrics], timeout=300)  # the model loaded and warm
 
     def s3_requests(self) -> Counter:
         """Requests the S3 server logged so far, by method."""
-        lines = self.s3_log.read_text(errors="replace").splitlines()
+        lines = (self.log_dir / "s3.log").read_text(errors="replace").splitlines()
         return Counter(
             m.group(1) for line in lines if (m := re.search(r'"(GET|PUT|POST|HEAD|DELETE) ', line))
         )
@@ -263,7 +212,7 @@ def count(args: argparse.Namespace) -> None:
             if [x.lower() for x in a[:2]] == [b"script", b"load"]
         ]
         commands = [(t, c, a) for t, c, a in commands if t >= window]
-        procs = {"api": psutil.Process(stack.api.pid), "worker": psutil.Process(stack.worker.pid)}
+        procs = {role: psutil.Process(stack.pid(role)) for role in ("api", "worker")}
         by_port = roles(procs, stack.redis_port)
     finally:
         stack.close()
@@ -389,13 +338,10 @@ def replay(args: argparse.Namespace) -> None:
     trips = round_trips(trace)
     if args.part == "queue":
         trips = [t for t in trips if any(queue_command(c) for c in t)]
-    exe = shutil.which(args.redis_server) or args.redis_server
-    port = free_port()
-    server = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    wait_for_port(port, server)
+    logs = tempfile.TemporaryDirectory(prefix="redis-load-")  # redis-server's log alone
+    stack = harness.Stack(Path(logs.name))
+    stack.redis_server(shutil.which(args.redis_server) or args.redis_server)
+    port = stack.redis_port
     r = redis.Redis(port=port)
     for source in data.get("scripts", []):
         r.script_load(source)
@@ -441,7 +387,8 @@ def replay(args: argparse.Namespace) -> None:
                 f"| {row['errors_per_job']:.2f} |"
             )
     finally:
-        stop(server)
+        stack.close()
+        logs.cleanup()
     if args.json:
         out = {"part": args.part, "commands_per_job": per_job, "rows": results}
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -23,16 +23,17 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
+from scripts import harness  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402
 
@@ -91,15 +92,11 @@ def engine_rtfx(
     """The engine's RTFx over every item at once (median of `runs` after a warm-up, with the
     fastest and slowest) and its WER."""
     stream.transcribe(items, options)  # warm-up: graphs, kernels, allocator
-    times = []
-    for _ in tqdm(range(runs), desc="engine"):
-        start = time.perf_counter()
-        texts = [t.text for t in stream.transcribe(items, options)]
-        times.append(time.perf_counter() - start)
+    results, times = harness.timed(partial(stream.transcribe, items, options), runs, "engine")
     return {
         "rtfx": audio_s / statistics.median(times),
         "spread": [audio_s / max(times), audio_s / min(times)],
-        "wer": 100 * word_error_rate(references, texts),
+        "wer": 100 * word_error_rate(references, [t.text for t in results]),
     }
 
 
