@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import AuthenticationError, Client, Connection, Listener
 from typing import TYPE_CHECKING
 
-from engine.host import Host, read_input
 from worker import logs, metrics
 from worker.contract.jobs import QUEUES
 from worker.contract.options import JobOptions
@@ -55,6 +54,7 @@ from worker.core.transcripts import engine_options, transcript
 if TYPE_CHECKING:  # torch is imported only in the core: a worker spawns its core before it
     # imports anything heavy, so the two start together, and its job processes never import it
     from engine import Transcription, TranscriptionOptions
+    from engine.host import Host
     from worker.core.batching import Batcher, Ticket
 
 log = logging.getLogger(__name__)
@@ -331,6 +331,8 @@ class EngineCore:
         next turn (its slots freed for the others) and Cancelled is raised. `wait_s` bounds
         how long a cancelled job keeps its slots, so it is short: the worker's `on_wait`
         only reads what its process's last look found (`worker.jobs.looks`)."""
+        from engine.host import read_input  # numpy and soundfile: not before the core spawns
+
         priority = QUEUES[0] if urgent else QUEUES[-1]  # the metrics' label
         asked = engine_options(options, data)
         with metrics.stage("decode", priority):
