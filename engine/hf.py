@@ -311,6 +311,9 @@ class TransformersStream(Streaming):
         self.stats = StreamStats()
         return 0
 
+    def warm_next(self) -> bool:
+        return False  # no graphs
+
     def step(self) -> list[Finished]:
         """Decode the next batch of windows (one task a batch: a multilingual Whisper model
         translates or transcribes a whole batch); hand back the inputs done."""

@@ -259,17 +259,24 @@ class Stream(Streaming):
         return [Finished(e.owner, self._result(e)) for e in finished]
 
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
-        """Pay every first-time cost before the first input does: capture each graph the pool
-        can replay (on CUDA: every encoder batch and decode step shape), then run a second of
-        silence through every phase outside them (log-mel, encoder, language detection,
-        prefill), which loads their kernels. Returns the graphs captured; progress: (graphs
-        done, in all)."""
+        """Pay the first-time costs before the first input does: capture the graphs an input
+        without a prompt can need (on CUDA: every encoder batch and decode step shape), then
+        run a second of silence through every phase outside them (log-mel, encoder, language
+        detection, prefill), which loads their kernels. Returns the graphs captured; progress:
+        (graphs done, in all). `warm_next` captures the rest."""
         if self.busy:
             raise RuntimeError("warm() needs an idle stream; this one has inputs in it")
         captured = self._runner.capture(progress)
         self.transcribe([np.zeros(SAMPLE_RATE, np.float32)])
         self.stats = StreamStats()  # what it has done is for users' inputs only
         return captured
+
+    def warm_next(self) -> bool:
+        """Capture one graph `warm` left for later (a wider prompt's prefill), while idle;
+        False when none was left."""
+        if self.busy:
+            raise RuntimeError("warm_next() needs an idle stream; this one has inputs in it")
+        return self._runner.capture_next()
 
     def _open(self) -> None:
         """Open the new inputs' sources: clips of up to 30 s get their log-mel in one pass."""

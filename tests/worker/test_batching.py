@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -175,3 +176,37 @@ def test_graphs_are_captured_while_job_threads_use_the_gpu(clips):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["32"]
+
+
+def test_an_idle_batcher_captures_what_the_warm_up_left_one_graph_a_turn(clips, monkeypatch):
+    """The graphs `Stream.warm` leaves for later are captured while the batcher is idle, one a
+    turn: an input arriving meanwhile waits for the capture in hand, not for the rest, and no
+    capture runs while the stream has windows to decode."""
+    stream = open_stream("tiny.en", slots=8)
+    seen, left, tickets = [], [6], []
+
+    def capture_next(self):  # as on CUDA with six prefills left, each taking its time
+        seen.append((self.n_live, bool(tickets) and tickets[0].future.done()))
+        while len(seen) == 2 and not tickets:
+            time.sleep(0.01)  # the input arrives during the second capture
+        left[0] -= 1
+        return left[0] >= 0
+
+    monkeypatch.setattr(Runner, "capture_next", capture_next)
+    batcher = Batcher(stream, batch_size=4, max_wait_s=0.0)
+    until(lambda: len(seen) == 2)
+    item = stream.prepare(clips["en_jfk"].bytes)
+    tickets.append(batcher.submit(item, TranscriptionOptions(), urgent=True))
+    assert "ask not" in tickets[0].future.result(timeout=60).text.lower()
+    until(lambda: len(seen) == 7)
+    time.sleep(0.2)
+    assert len(seen) == 7  # six captured, a seventh found none left, then no more asks
+    assert all(live == 0 for live, _ in seen)
+    assert [done for _, done in seen] == [False, False, True, True, True, True, True]
+
+
+def until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.01)

@@ -5,7 +5,8 @@ prepared there and handed to its model's batcher, whose result goes back. The ba
 one thread owns the stream: it submits the inputs that arrived together once `batch_size` wait
 or the oldest has waited `max_wait_s` (a lone interactive job is held back no longer), and
 steps the stream while any input is in it, handing each result back when its last window is
-decoded. Interactive inputs are admitted ahead of bulk ones. A job cancelled meanwhile asks its
+decoded. Interactive inputs are admitted ahead of bulk ones. While idle, it captures the graphs
+the stream's warm-up left for later, one a turn. A job cancelled meanwhile asks its
 batcher to take its input out (`Batcher.cancel`), which happens between two steps.
 """
 
@@ -77,6 +78,7 @@ class Batcher:
         self._pending: list[Ticket] = []
         self._cancelled: list[Ticket] = []
         self._closing = False
+        self._warming = True  # graphs left to capture while idle (`Stream.warm_next`)
         self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
         self._thread.start()
 
@@ -153,7 +155,7 @@ class Batcher:
         stream = self.stream
         while not (self._closing and not stream.busy and not self._pending):
             self.last_tick = time.monotonic()
-            self._take(stream.busy)
+            self._take(stream.busy or (self._warming and not self._pending))
             ready: list[Ticket] = []
             try:
                 self._drop_cancelled()
@@ -170,6 +172,8 @@ class Batcher:
                     for f in finished:
                         metrics.AUDIO_SECONDS.inc(f.transcription.duration)
                         f.owner.future.set_result(f.transcription)
+                elif self._warming and not self._pending:
+                    self._warming = stream.warm_next()
             except Exception as e:  # noqa: BLE001 - every input in flight gets the error
                 self._fail(ready, e)
 

@@ -1,6 +1,7 @@
 """The models a worker's engine core serves (`worker.core.process`): each opened on first use,
-warmed (every graph captured) and given a batcher that runs its stream, kept while the memory budget
-allows, the least recently used dropped first.
+warmed (the graphs an input without a prompt needs captured; its batcher captures the rest
+while idle) and given a batcher that runs its stream, kept while the memory budget allows, the
+least recently used dropped first.
 
 A model loads (and, the first time, converts) outside the lock: inputs of the models already
 loaded go on meanwhile, and those that want the loading one wait for it alone.

@@ -9,8 +9,7 @@ FFmpeg, which let go of the interpreter lock while they work, so the job threads
 parallel; a spectrogram only loaded) and sends the samples; the core prepares them on the
 device, batches them with the other jobs' and sends back the result, the input's progress as
 its windows finish, and once a second its health and the engine's metrics. Models load and
-warm (every graph captured, `Stream.warm`) in the core: a worker loads its default model
-before it takes a message.
+warm (`Stream.warm`) in the core: a worker loads its default model before it takes a message.
 
 One core can also serve several job processes (`whisperfleet worker --processes N`): the
 process that spawned it (the owner) lets it listen on a Unix socket, and job processes connect
