@@ -1,0 +1,119 @@
+"""Who spoke when, measured: DER (pyannote.metrics, 0.25 s collar) and the speaker count on
+conversations built from the dev set's real speech (tools/conversations.py), and the choice of
+the clustering threshold (engine.diarize.THRESHOLD) on one set, checked on another.
+
+    python scripts/diarization_check.py [--audio-dir ../shared/audio/dev] [--count 8]
+        [--device cpu] [--write conversations/]   # audio, RTTM and references of each
+
+Two sets of `--count` conversations (seeds 0 and 1: other speakers, orders, levels and pauses
+of the same voices) are embedded once; each threshold of the grid clusters them all. The
+threshold chosen is the one with the lowest mean DER on the first set (ties: the most right
+speaker counts, then the middle of the tied range); the second set is scored at it, unseen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import diarize  # noqa: E402
+from engine.vad import regions_of  # noqa: E402
+from tools.conversations import Conversation, conversations, write  # noqa: E402
+from tools.evaluate import read_manifest  # noqa: E402
+
+GRID = [round(x, 2) for x in np.arange(0.40, 0.96, 0.05)]
+
+
+def der(conv: Conversation, turns: list[diarize.Turn]) -> float:
+    from pyannote.core import Annotation, Segment
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    reference, hypothesis = Annotation(), Annotation()
+    for s, e, who in conv.turns:
+        reference[Segment(s, e)] = who
+    for t in turns:
+        hypothesis[Segment(t.start, t.end)] = t.speaker
+    return DiarizationErrorRate(collar=0.25)(reference, hypothesis)
+
+
+def prepare(convs: list[Conversation], device: str, label: str) -> list[tuple]:
+    """Each conversation's speech, windows and their embeddings (once for every threshold)."""
+    out = []
+    for conv in tqdm(convs, desc=f"embedding {label}", unit="conversation"):
+        regions = regions_of(conv.samples, device)
+        spans = diarize.windows(regions, conv.duration)
+        out.append((conv, regions, spans, diarize.embed(conv.samples, spans, device)))
+    return out
+
+
+def score(prepared: list[tuple], threshold: float) -> tuple[list[float], int]:
+    ders, right = [], 0
+    for conv, regions, spans, embeddings in prepared:
+        labels = diarize.cluster(embeddings, diarize.SpeakerCount(), threshold)
+        ders.append(der(conv, diarize.turns(regions, spans, labels)))
+        right += len(set(labels.tolist())) == len(conv.speakers)
+    return ders, right
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--audio-dir", default=str(ROOT.parent / "shared" / "audio" / "dev"))
+    parser.add_argument("--count", type=int, default=8, help="conversations a set")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--write", metavar="DIR", help="write each conversation's files here")
+    args = parser.parse_args()
+    clips = read_manifest(Path(args.audio_dir) / "manifest.jsonl")
+    sets = {
+        name: conversations(clips, seed, args.count) for seed, name in enumerate(("tune", "check"))
+    }
+    if args.write:
+        for convs in sets.values():
+            for conv in convs:
+                write(conv, Path(args.write))
+    prepared = {name: prepare(convs, args.device, name) for name, convs in sets.items()}
+
+    print("| threshold | tune: DER mean | median | max | right counts |")
+    print("|---|---|---|---|---|")
+    results = {}
+    for threshold in GRID:
+        ders, right = score(prepared["tune"], threshold)
+        results[threshold] = (float(np.mean(ders)), right)
+        print(
+            f"| {threshold:.2f} | {np.mean(ders):.1%} | {np.median(ders):.1%} "
+            f"| {max(ders):.1%} | {right}/{len(ders)} |"
+        )
+    best = min((round(d, 4), -r) for d, r in results.values())
+    tied = [t for t, (d, r) in results.items() if (round(d, 4), -r) == best]
+    chosen = tied[len(tied) // 2]
+    print(
+        f"\nchosen on the tune set: {chosen:.2f} (engine.diarize.THRESHOLD is {diarize.THRESHOLD})"
+    )
+
+    print(
+        "\n| set | threshold | conversations | audio s | speakers | DER mean | median | max ",
+        end="",
+    )
+    print("| right counts |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, items in prepared.items():
+        for threshold in sorted({chosen, diarize.THRESHOLD}):
+            ders, right = score(items, threshold)
+            audio = sum(c.duration for c, *_ in items)
+            speakers = "/".join(str(n) for n in sorted({len(c.speakers) for c, *_ in items}))
+            print(
+                f"| {name} | {threshold:.2f} | {len(items)} | {audio:.0f} | {speakers} "
+                f"| {np.mean(ders):.1%} | {np.median(ders):.1%} | {max(ders):.1%} "
+                f"| {right}/{len(items)} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Who spoke when: CAM++ embeddings of real voices, their clustering, and DER on a conversation
+built from the test clips' three speakers."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine import diarize, speakers
+from engine.audio import decode_audio
+from engine.diarize import SpeakerCount
+from engine.vad import regions_of
+from tests.conftest import DATA
+from tools.conversations import conversations
+from tools.evaluate import read_manifest
+
+VOICES = {
+    "jfk": ["en_jfk.flac"],
+    "lj": ["en_ljspeech_LJ050-0131.flac"],
+    "libri": ["en_librispeech_1272-128104-0000.flac"],
+}
+
+
+@pytest.fixture(scope="module")
+def conversation():
+    clips = read_manifest(DATA / "manifest.jsonl")
+    return conversations(clips, seed=7, count=2, speakers=VOICES)[1]  # the second: 3 voices
+
+
+def test_the_filterbank_is_kaldis_shape():
+    model = speakers.load()
+    banks = model.banks
+    assert banks.shape == (80, 257) and (banks[:, -1] == 0).all()  # Nyquist weighs nothing
+    assert (banks >= 0).all() and (banks.max(dim=1).values > 0).all()
+    # triangles on the mel scale, in order: the wide ones (upper half) sampled near their peak
+    assert (banks[40:].max(dim=1).values > 0.75).all()
+    peaks = banks.argmax(dim=1)
+    assert (peaks[1:] >= peaks[:-1]).all() and (peaks[41:] > peaks[40:-1]).all()
+    feats = speakers.fbank(torch.zeros(2, 16000) + 0.01, model.banks, model.window)
+    assert feats.shape == (2, 1 + (16000 - 400) // 160, 80)
+
+
+def test_windows_of_one_voice_are_closer_than_windows_of_two(clips):
+    """Leave-one-out: each 1.5 s window of speech is nearest the centroid of its own voice's
+    other windows, over three real voices."""
+    embeddings, owner = [], []
+    for k, name in enumerate(
+        ("en_jfk", "en_ljspeech_LJ050-0131", "en_librispeech_1272-128104-0000")
+    ):
+        samples = decode_audio(clips[name].bytes)
+        regions = regions_of(samples)
+        spans = diarize.windows(regions, len(samples) / 16000)
+        embeddings.append(diarize.embed(samples, spans))
+        owner += [k] * len(spans)
+    e, owner = np.concatenate(embeddings), np.array(owner)
+    assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    for i in range(len(e)):
+        others = np.arange(len(e)) != i
+        centroids = np.stack([e[others & (owner == k)].mean(0) for k in range(3)])
+        assert int(np.argmax(centroids @ e[i])) == owner[i], i
+
+
+def test_a_batch_embeds_as_one_at_a_time(clips):
+    samples = decode_audio(clips["en_jfk"].bytes)
+    spans = [(0.5, 2.0), (3.0, 4.5), (6.0, 7.5)]
+    together = diarize.embed(samples, spans)
+    alone = np.concatenate([diarize.embed(samples, [s]) for s in spans])
+    assert np.allclose(together, alone, atol=1e-5)
+
+
+def test_windows_cover_each_stretch_to_its_end_and_centre_short_ones():
+    spans = diarize.windows([(1.0, 1.4), (3.0, 6.2)], duration=10.0)
+    assert spans[0] == pytest.approx((0.45, 1.95))  # one, centred on the short stretch
+    starts = [s for s, _ in spans[1:]]
+    assert starts[0] == 3.0 and spans[-1][1] == pytest.approx(6.2)
+    assert all(b - a <= diarize.STEP_S + 1e-9 for a, b in zip(starts, starts[1:], strict=False))
+    assert diarize.windows([(0.0, 0.3)], duration=0.3) == [(0.0, 1.5)]  # padded past the end
+
+
+def der(conv, turns) -> float:
+    from pyannote.core import Annotation, Segment
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    reference, hypothesis = Annotation(), Annotation()
+    for s, e, who in conv.turns:
+        reference[Segment(s, e)] = who
+    for t in turns:
+        hypothesis[Segment(t.start, t.end)] = t.speaker
+    return DiarizationErrorRate(collar=0.25)(reference, hypothesis)
+
+
+def test_a_conversation_of_three_voices_is_told_apart(conversation):
+    conv = conversation
+    assert len(conv.speakers) == 3 and conv.no_speech
+    turns = diarize.diarize(conv.samples, regions_of(conv.samples))
+    assert {t.speaker for t in turns} == {0, 1, 2}
+    assert der(conv, turns) <= 0.10
+    # no turn over a stretch without speech (silence, noise, a tone, music)
+    for s, e, kind in conv.no_speech:
+        inside = sum(max(0.0, min(t.end, e) - max(t.start, s)) for t in turns)
+        assert inside <= 0.25, kind
+
+
+def test_a_count_given_is_kept(conversation):
+    conv, regions = conversation, regions_of(conversation.samples)
+    assert {t.speaker for t in diarize.diarize(conv.samples, regions, SpeakerCount(2))} == {0, 1}
+    most = diarize.diarize(conv.samples, regions, SpeakerCount(max_speakers=2))
+    assert {t.speaker for t in most} == {0, 1}
+    one = diarize.diarize(conv.samples, regions, SpeakerCount(speakers=1))
+    assert {t.speaker for t in one} == {0}
+    assert diarize.diarize(conv.samples[:100], []) == []  # no speech, no turns
+
+
+@pytest.mark.parametrize(
+    "count", [dict(speakers=0), dict(min_speakers=0), dict(min_speakers=3, max_speakers=2)]
+)
+def test_an_impossible_count_is_refused(count):
+    with pytest.raises(ValueError, match="speakers"):
+        SpeakerCount(**count)
