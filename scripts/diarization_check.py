@@ -25,22 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 from engine import diarize  # noqa: E402
 from engine.vad import regions_of  # noqa: E402
-from tools.conversations import Conversation, conversations, write  # noqa: E402
+from tools.conversations import Conversation, conversations, der, write  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 
 GRID = [round(x, 2) for x in np.arange(0.40, 0.96, 0.05)]
-
-
-def der(conv: Conversation, turns: list[diarize.Turn]) -> float:
-    from pyannote.core import Annotation, Segment
-    from pyannote.metrics.diarization import DiarizationErrorRate
-
-    reference, hypothesis = Annotation(), Annotation()
-    for s, e, who in conv.turns:
-        reference[Segment(s, e)] = who
-    for t in turns:
-        hypothesis[Segment(t.start, t.end)] = t.speaker
-    return DiarizationErrorRate(collar=0.25)(reference, hypothesis)
 
 
 def prepare(convs: list[Conversation], device: str, label: str) -> list[tuple]:

@@ -186,6 +186,20 @@ def conversations(
     return out
 
 
+def der(conv: Conversation, turns: list) -> float:
+    """The diarization error rate of `turns` (`engine.diarize.Turn`s) against the
+    conversation's ground truth: pyannote.metrics, 0.25 s collar."""
+    from pyannote.core import Annotation, Segment
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    reference, hypothesis = Annotation(), Annotation()
+    for s, e, who in conv.turns:
+        reference[Segment(s, e)] = who
+    for t in turns:
+        hypothesis[Segment(t.start, t.end)] = t.speaker
+    return DiarizationErrorRate(collar=0.25)(reference, hypothesis)
+
+
 def write(conv: Conversation, folder: Path) -> None:
     """The conversation's audio (FLAC), ground truth (RTTM) and the rest (JSON), in `folder`."""
     import json

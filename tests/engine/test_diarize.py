@@ -10,7 +10,7 @@ from engine.audio import decode_audio
 from engine.diarize import SpeakerCount
 from engine.vad import regions_of
 from tests.conftest import DATA
-from tools.conversations import conversations
+from tools.conversations import conversations, der
 from tools.evaluate import read_manifest
 
 VOICES = {
@@ -74,18 +74,6 @@ def test_windows_cover_each_stretch_to_its_end_and_centre_short_ones():
     assert starts[0] == 3.0 and spans[-1][1] == pytest.approx(6.2)
     assert all(b - a <= diarize.STEP_S + 1e-9 for a, b in zip(starts, starts[1:], strict=False))
     assert diarize.windows([(0.0, 0.3)], duration=0.3) == [(0.0, 1.5)]  # padded past the end
-
-
-def der(conv, turns) -> float:
-    from pyannote.core import Annotation, Segment
-    from pyannote.metrics.diarization import DiarizationErrorRate
-
-    reference, hypothesis = Annotation(), Annotation()
-    for s, e, who in conv.turns:
-        reference[Segment(s, e)] = who
-    for t in turns:
-        hypothesis[Segment(t.start, t.end)] = t.speaker
-    return DiarizationErrorRate(collar=0.25)(reference, hypothesis)
 
 
 def test_a_conversation_of_three_voices_is_told_apart(conversation):
