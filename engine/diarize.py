@@ -159,3 +159,16 @@ def diarize(
     spans = windows(regions, len(samples) / SAMPLE_RATE)
     labels = cluster(embed(samples, spans, device), count, threshold)
     return turns(regions, spans, labels)
+
+
+def speaker_at(start: float, end: float, turns: list[Turn]) -> int | None:
+    """The speaker of [start, end) (a word, a segment): the turn overlapping it most, else the
+    nearest turn; None without turns."""
+    if not turns:
+        return None
+    overlap = [min(end, t.end) - max(start, t.start) for t in turns]
+    best = max(range(len(turns)), key=overlap.__getitem__)
+    if overlap[best] > 0:
+        return turns[best].speaker
+    distance = [max(t.start - end, start - t.end) for t in turns]
+    return turns[min(range(len(turns)), key=distance.__getitem__)].speaker

@@ -4,11 +4,17 @@ the clustering threshold (engine.diarize.THRESHOLD) on one set, checked on anoth
 
     python scripts/diarization_check.py [--audio-dir ../shared/audio/dev] [--count 8]
         [--device cpu] [--write conversations/]   # audio, RTTM and references of each
+        [--transcribe tiny.en]   # and each speaker's WER, and the text in stretches without speech
 
 Two sets of `--count` conversations (seeds 0 and 1: other speakers, orders, levels and pauses
 of the same voices) are embedded once; each threshold of the grid clusters them all. The
 threshold chosen is the one with the lowest mean DER on the first set (ties: the most right
 speaker counts, then the middle of the tied range); the second set is scored at it, unseen.
+
+With --transcribe, each conversation is also transcribed (the engine's defaults, with word
+timestamps) and each word given the speaker of its turn (`engine.diarize.speaker_at`): each
+speaker's WER (the found speakers mapped to the true ones as DER maps them), and the words
+whose middle falls in a stretch without speech.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine import diarize  # noqa: E402
 from engine.vad import regions_of  # noqa: E402
-from tools.conversations import Conversation, conversations, der, write  # noqa: E402
+from tools.conversations import SCORED, Conversation, conversations, der, write  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 
 GRID = [round(x, 2) for x in np.arange(0.40, 0.96, 0.05)]
@@ -56,6 +62,7 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=8, help="conversations a set")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--write", metavar="DIR", help="write each conversation's files here")
+    parser.add_argument("--transcribe", metavar="MODEL", help="and per-speaker WER with MODEL")
     args = parser.parse_args()
     clips = read_manifest(Path(args.audio_dir) / "manifest.jsonl")
     sets = {
@@ -100,7 +107,52 @@ def main() -> int:
                 f"| {np.mean(ders):.1%} | {np.median(ders):.1%} | {max(ders):.1%} "
                 f"| {right}/{len(items)} |"
             )
+    if args.transcribe:
+        transcribed(prepared, args.transcribe, args.device)
     return 0
+
+
+def transcribed(prepared: dict[str, list[tuple]], model: str, device: str) -> None:
+    """Each conversation transcribed, its words given speakers: per-speaker WER, and the
+    words in the stretches without speech."""
+    from pyannote.core import Annotation, Segment
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    from engine import Engine, EngineConfig, TranscriptionOptions
+    from tools.wer import word_error_rate
+
+    stream = Engine.open(EngineConfig(model=model, device=device))
+    print(f"\n| set | conversation | speakers | WER by speaker ({model}) | words in no speech |")
+    print("|---|---|---|---|---|")
+    for name, items in prepared.items():
+        for conv, regions, spans, embeddings in tqdm(items, desc=f"transcribing {name}"):
+            labels = diarize.cluster(embeddings, diarize.SpeakerCount())
+            turns = diarize.turns(regions, spans, labels)
+            (result,) = stream.transcribe(
+                [conv.samples], TranscriptionOptions(word_timestamps=True)
+            )
+            reference, hypothesis = Annotation(), Annotation()
+            for s, e, who in conv.turns:
+                reference[Segment(s, e)] = who
+            for t in turns:
+                hypothesis[Segment(t.start, t.end)] = t.speaker
+            mapping = DiarizationErrorRate().optimal_mapping(reference, hypothesis)
+            said = {who: [] for who in conv.speakers}
+            quiet = []
+            for w in result.words or []:
+                mid = (w.start + w.end) / 2
+                if any(s <= mid < e for s, e, _ in conv.no_speech):
+                    quiet.append(w.word.strip())
+                who = mapping.get(diarize.speaker_at(w.start, w.end, turns))
+                if who in said:
+                    said[who].append(w.word)
+            wers = ", ".join(
+                f"{who} {word_error_rate([conv.references[who]], [''.join(said[who])]):.0%}"
+                for who in conv.speakers
+                if who in SCORED
+            )
+            quiet_text = " ".join(quiet) or "—"
+            print(f"| {name} | {conv.name} | {len(conv.speakers)} | {wers} | {quiet_text} |")
 
 
 if __name__ == "__main__":

@@ -104,3 +104,12 @@ def test_a_count_given_is_kept(conversation):
 def test_an_impossible_count_is_refused(count):
     with pytest.raises(ValueError, match="speakers"):
         SpeakerCount(**count)
+
+
+def test_a_word_belongs_to_the_turn_it_overlaps_most_else_the_nearest():
+    turns = [diarize.Turn(0.0, 2.0, 0), diarize.Turn(2.0, 5.0, 1), diarize.Turn(8.0, 9.0, 0)]
+    assert diarize.speaker_at(1.5, 2.2, turns) == 0  # 0.5 s in the first, 0.2 in the second
+    assert diarize.speaker_at(1.9, 2.6, turns) == 1
+    assert diarize.speaker_at(5.5, 6.0, turns) == 1  # in a pause: the nearest turn
+    assert diarize.speaker_at(7.5, 7.9, turns) == 0
+    assert diarize.speaker_at(0.0, 1.0, []) is None
