@@ -130,7 +130,8 @@ def conversation(
 ) -> Conversation:
     """The speakers' pieces as turns of one or two pieces, each turn by another speaker than
     the last while another has pieces left, 0.2 to 1.0 s apart, each speaker at a level of
-    their own; `stretches` stretches without speech between turns."""
+    their own; a stretch without speech before each of `stretches` turns drawn at random (two
+    draws of one turn make one stretch)."""
     queues = {who: list(p) for who, p in voices.items()}
     levels = {who: 0.05 * 10 ** (rng.uniform(-6, 6) / 20) for who in voices}
     n_turns = sum(-(-len(q) // 2) for q in queues.values())

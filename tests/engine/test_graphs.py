@@ -1,6 +1,8 @@
 """CUDA graphs: what the warm-up leaves for later (the wider prompts' prefills) is captured
 while idle or on first use, and a graph decodes the same tokens as the same steps run eagerly."""
 
+from dataclasses import replace
+
 import pytest
 
 from engine import Engine, EngineConfig, TranscriptionOptions
@@ -17,7 +19,7 @@ def tokens(stream, clips, options):
 
 def test_a_warm_stream_captures_the_wider_prompts_later_and_decodes_as_eagerly(english_clips):
     config = EngineConfig(model="tiny.en", device="cuda", slots=16)
-    eager = Engine.open(EngineConfig(**{**config.__dict__, "graphs": False}))
+    eager = Engine.open(replace(config, graphs=False))
     expected = {o: tokens(eager, english_clips, o) for o in (PROMPTED, TranscriptionOptions())}
 
     first_use = Engine.open(config)
