@@ -31,7 +31,14 @@ sys.path.insert(0, str(ROOT))
 
 from engine import diarize  # noqa: E402
 from engine.vad import regions_of  # noqa: E402
-from tools.conversations import SCORED, Conversation, conversations, der, write  # noqa: E402
+from tools.conversations import (  # noqa: E402
+    SCORED,
+    Conversation,
+    annotations,
+    conversations,
+    der,
+    write,
+)
 from tools.evaluate import read_manifest  # noqa: E402
 
 GRID = [round(x, 2) for x in np.arange(0.40, 0.96, 0.05)]
@@ -47,12 +54,19 @@ def prepare(convs: list[Conversation], device: str, label: str) -> list[tuple]:
     return out
 
 
+def turns_of(item: tuple, threshold: float) -> list[diarize.Turn]:
+    """A prepared conversation's speaker turns, clustered at `threshold`."""
+    _, regions, spans, embeddings = item
+    labels = diarize.cluster(embeddings, diarize.SpeakerCount(), threshold)
+    return diarize.turns(regions, spans, labels)
+
+
 def score(prepared: list[tuple], threshold: float) -> tuple[list[float], int]:
     ders, right = [], 0
-    for conv, regions, spans, embeddings in prepared:
-        labels = diarize.cluster(embeddings, diarize.SpeakerCount(), threshold)
-        ders.append(der(conv, diarize.turns(regions, spans, labels)))
-        right += len(set(labels.tolist())) == len(conv.speakers)
+    for item in prepared:
+        conv, turns = item[0], turns_of(item, threshold)
+        ders.append(der(conv, turns))
+        right += len({t.speaker for t in turns}) == len(conv.speakers)
     return ders, right
 
 
@@ -115,7 +129,6 @@ def main() -> int:
 def transcribed(prepared: dict[str, list[tuple]], model: str, device: str) -> None:
     """Each conversation transcribed, its words given speakers: per-speaker WER, and the
     words in the stretches without speech."""
-    from pyannote.core import Annotation, Segment
     from pyannote.metrics.diarization import DiarizationErrorRate
 
     from engine import Engine, EngineConfig, TranscriptionOptions
@@ -125,18 +138,12 @@ def transcribed(prepared: dict[str, list[tuple]], model: str, device: str) -> No
     print(f"\n| set | conversation | speakers | WER by speaker ({model}) | words in no speech |")
     print("|---|---|---|---|---|")
     for name, items in prepared.items():
-        for conv, regions, spans, embeddings in tqdm(items, desc=f"transcribing {name}"):
-            labels = diarize.cluster(embeddings, diarize.SpeakerCount())
-            turns = diarize.turns(regions, spans, labels)
+        for item in tqdm(items, desc=f"transcribing {name}"):
+            conv, turns = item[0], turns_of(item, diarize.THRESHOLD)
             (result,) = stream.transcribe(
                 [conv.samples], TranscriptionOptions(word_timestamps=True)
             )
-            reference, hypothesis = Annotation(), Annotation()
-            for s, e, who in conv.turns:
-                reference[Segment(s, e)] = who
-            for t in turns:
-                hypothesis[Segment(t.start, t.end)] = t.speaker
-            mapping = DiarizationErrorRate().optimal_mapping(reference, hypothesis)
+            mapping = DiarizationErrorRate().optimal_mapping(*annotations(conv, turns))
             said = {who: [] for who in conv.speakers}
             quiet = []
             for w in result.words or []:

@@ -190,18 +190,25 @@ def conversations(
     return out
 
 
-def der(conv: Conversation, turns: list) -> float:
-    """The diarization error rate of `turns` (`engine.diarize.Turn`s) against the
-    conversation's ground truth: pyannote.metrics, 0.25 s collar."""
+def annotations(conv: Conversation, turns: list) -> tuple:
+    """The conversation's ground truth and `turns` (`engine.diarize.Turn`s) as pyannote
+    annotations: (reference, hypothesis)."""
     from pyannote.core import Annotation, Segment
-    from pyannote.metrics.diarization import DiarizationErrorRate
 
     reference, hypothesis = Annotation(), Annotation()
     for s, e, who in conv.turns:
         reference[Segment(s, e)] = who
     for t in turns:
         hypothesis[Segment(t.start, t.end)] = t.speaker
-    return DiarizationErrorRate(collar=0.25)(reference, hypothesis)
+    return reference, hypothesis
+
+
+def der(conv: Conversation, turns: list) -> float:
+    """The diarization error rate of `turns` against the conversation's ground truth:
+    pyannote.metrics, 0.25 s collar."""
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    return DiarizationErrorRate(collar=0.25)(*annotations(conv, turns))
 
 
 def write(conv: Conversation, folder: Path) -> None:
