@@ -11,12 +11,15 @@ is nearest. THRESHOLD was chosen on one set of built conversations and checked o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import pairwise
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from itertools import chain, groupby, islice, pairwise
 
 import numpy as np
 import torch
 
+from engine.options import SpeakerCount
+from engine.result import Segment, Speaker
 from engine.speakers import SAMPLE_RATE, load
 
 WINDOW_S = 1.5
@@ -24,21 +27,6 @@ STEP_S = 0.75
 THRESHOLD = 0.75  # cosine distance at which two clusters stay apart
 MIN_SPEAKER_S = 2.0  # a cluster of less speech than this joins its nearest (unless counted)
 BATCH = 256  # windows an embedding pass
-
-
-@dataclass(frozen=True)
-class SpeakerCount:
-    """What the caller knows of the number of speakers: exactly `speakers`, or a range."""
-
-    speakers: int | None = None
-    min_speakers: int = 1
-    max_speakers: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.speakers is not None and self.speakers < 1:
-            raise ValueError("speakers: at least 1")
-        if self.min_speakers < 1 or (self.max_speakers or self.min_speakers) < self.min_speakers:
-            raise ValueError("min_speakers must be at least 1 and at most max_speakers")
 
 
 @dataclass(frozen=True)
@@ -59,22 +47,38 @@ def windows(regions: list[tuple[float, float]], duration: float) -> list[tuple[f
             continue
         starts = np.arange(s, e - WINDOW_S, STEP_S).tolist() + [e - WINDOW_S]
         out += [(a, a + WINDOW_S) for a in starts]
-    return out
+    return sorted(out)
+
+
+def cuts(blocks: Iterable[np.ndarray], spans: list[tuple[float, float]]) -> Iterator[np.ndarray]:
+    """The WINDOW_S of samples from each span's start (spans in order of start), read from an
+    input's 16 kHz samples block by block: an hour's recording is read again without being
+    held (its windows overlap, so cutting them all first would hold it twice)."""
+    n = round(WINDOW_S * SAMPLE_RATE)
+    source, held, start = iter(blocks), np.zeros(0, np.float32), 0  # start: held[0]'s index
+    for s, _ in spans:
+        first = round(s * SAMPLE_RATE)
+        while True:
+            drop = min(max(0, first - start), len(held))
+            held, start = held[drop:], start + drop
+            if start + len(held) >= first + n or (block := next(source, None)) is None:
+                break
+            held = np.concatenate([held, block])
+        piece = held[first - start : first - start + n]
+        yield np.pad(piece, (0, n - len(piece)))
 
 
 def embed(samples: np.ndarray, spans: list[tuple[float, float]], device: str = "cpu") -> np.ndarray:
-    """(len(spans), 192) unit embeddings of equal-length spans of 16 kHz samples."""
-    if not spans:
-        return np.zeros((0, 192), np.float32)
-    n = round(WINDOW_S * SAMPLE_RATE)
-    padded = np.pad(samples, (0, n))
-    cuts = np.stack([padded[round(s * SAMPLE_RATE) :][:n] for s, _ in spans])
-    model = load(str(device))
-    out = [
-        model(torch.from_numpy(cuts[i : i + BATCH]).to(device)).cpu()
-        for i in range(0, len(cuts), BATCH)
-    ]
-    return torch.cat(out).numpy()
+    """(len(spans), 192) unit embeddings of WINDOW_S spans of 16 kHz samples."""
+    return embed_cuts(cuts([samples], spans), device)
+
+
+def embed_cuts(pieces: Iterable[np.ndarray], device: str = "cpu") -> np.ndarray:
+    """(n, 192) unit embeddings of equal-length pieces of samples, BATCH a pass."""
+    model, out, pieces = load(str(device)), [np.zeros((0, 192), np.float32)], iter(pieces)
+    while batch := list(islice(pieces, BATCH)):
+        out.append(model(torch.from_numpy(np.stack(batch)).to(device)).cpu().numpy())
+    return np.concatenate(out)
 
 
 def cluster(
@@ -148,17 +152,41 @@ def turns(
     return joined
 
 
+@dataclass(frozen=True)
+class Recording:
+    """One input to diarize: its samples (any iterable of 16 kHz blocks, read once, in
+    order), its length, its speech (`engine.vad`) and what is known of its speakers."""
+
+    blocks: Iterable[np.ndarray]
+    duration: float
+    regions: list[tuple[float, float]]
+    count: SpeakerCount = SpeakerCount()
+
+
+def speaker_turns(
+    recordings: list[Recording], device: str = "cpu", threshold: float = THRESHOLD
+) -> list[list[Turn]]:
+    """Speaker turns of each recording; the windows of all of them embedded together, BATCH a
+    pass (a worker diarizes the inputs that finish in the same step at once)."""
+    spans = [windows(r.regions, r.duration) for r in recordings]
+    pieces = chain.from_iterable(cuts(r.blocks, s) for r, s in zip(recordings, spans, strict=True))
+    embeddings = np.split(embed_cuts(pieces, device), np.cumsum([len(s) for s in spans])[:-1])
+    return [
+        turns(r.regions, s, cluster(e, r.count, threshold))
+        for r, s, e in zip(recordings, spans, embeddings, strict=True)
+    ]
+
+
 def diarize(
     samples: np.ndarray,
     regions: list[tuple[float, float]],
-    count: SpeakerCount = SpeakerCount(),
+    count: SpeakerCount | None = None,
     device: str = "cpu",
     threshold: float = THRESHOLD,
 ) -> list[Turn]:
     """Speaker turns of 16 kHz `samples` whose speech is `regions`."""
-    spans = windows(regions, len(samples) / SAMPLE_RATE)
-    labels = cluster(embed(samples, spans, device), count, threshold)
-    return turns(regions, spans, labels)
+    recording = Recording([samples], len(samples) / SAMPLE_RATE, regions, count or SpeakerCount())
+    return speaker_turns([recording], device, threshold)[0]
 
 
 def speaker_at(start: float, end: float, turns: list[Turn]) -> int | None:
@@ -172,3 +200,57 @@ def speaker_at(start: float, end: float, turns: list[Turn]) -> int | None:
         return turns[best].speaker
     distance = [max(t.start - end, start - t.end) for t in turns]
     return turns[min(range(len(turns)), key=distance.__getitem__)].speaker
+
+
+def label(speaker: int) -> str:
+    return f"SPEAKER_{speaker:02d}"
+
+
+def talk_times(turns: list[Turn]) -> list[Speaker]:
+    """Each speaker's seconds of speech, in order of first appearance."""
+    seconds: dict[int, float] = {}
+    for t in turns:
+        seconds[t.speaker] = seconds.get(t.speaker, 0.0) + t.end - t.start
+    return [Speaker(label(k), round(v, 2)) for k, v in seconds.items()]
+
+
+def attribute(
+    segments: list[Segment], turns: list[Turn], decode: Callable[[list[int]], str], eot: int
+) -> list[Segment]:
+    """The segments with their speakers: each word the speaker of the turn it overlaps most
+    (`speaker_at`), a segment the speaker of its words, cut in two where they change (each
+    part's tokens are the text tokens decoded to its words); ids numbered again."""
+    out: list[Segment] = []
+    for segment in segments:
+        if not segment.words:
+            out.append(replace(segment, speaker=_label_at(segment.start, segment.end, turns)))
+            continue
+        words = [replace(w, speaker=_label_at(w.start, w.end, turns)) for w in segment.words]
+        runs = [list(run) for _, run in groupby(words, key=lambda w: w.speaker)]
+        if len(runs) == 1:
+            out.append(replace(segment, words=words, speaker=words[0].speaker))
+            continue
+        text = [t for t in segment.tokens if t < eot]
+        ends = [len(decode(text[:k])) for k in range(len(text) + 1)]
+        first, length = 0, 0
+        for run in runs:
+            length += sum(len(w.word) for w in run)
+            last = next((k for k in range(first, len(text) + 1) if ends[k] >= length), len(text))
+            out.append(
+                replace(
+                    segment,
+                    start=run[0].start,
+                    end=run[-1].end,
+                    text="".join(w.word for w in run),
+                    tokens=text[first:last],
+                    words=run,
+                    speaker=run[0].speaker,
+                )
+            )
+            first = last
+    return [replace(s, id=i) for i, s in enumerate(out)]
+
+
+def _label_at(start: float, end: float, turns: list[Turn]) -> str | None:
+    speaker = speaker_at(start, end, turns)
+    return None if speaker is None else label(speaker)

@@ -8,6 +8,7 @@ command line, the bench and the scripts build one and hold only the stream.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -140,4 +141,6 @@ class Engine:
             raise OptionsError(f"min_tokens {options.min_tokens}: expected 0 or more")
         if not 0 <= options.seed < SEED_LIMIT:
             raise OptionsError(f"seed {options.seed}: expected 0 <= seed < 2**63")
+        if options.diarize and not options.word_timestamps:  # speakers are given word by word
+            return dataclasses.replace(options, word_timestamps=True)
         return options

@@ -128,6 +128,8 @@ class TransformersEngine:
         cannot = []
         if options.word_timestamps:
             cannot.append("word timestamps (the native engine's, for Whisper models)")
+        if options.vad or options.diarize:
+            cannot.append("voice activity or speakers (the native engine's, for Whisper models)")
         if options.initial_prompt and not self.chat:
             cannot.append("a prompt")
         if options.temperature[0] > 0:

@@ -71,6 +71,13 @@ class MelSource:
         zeros (but a clip's first window, the extractor's, is its padded audio's)."""
         raise NotImplementedError
 
+    hears = False  # whether it holds audio (`samples`), not a spectrogram
+
+    def samples(self) -> Iterator[np.ndarray]:
+        """The input's 16 kHz samples, block by block (long audio decoded once more: for
+        speaker embeddings, `engine.diarize`)."""
+        raise TypeError("a spectrogram has no samples")
+
     def pad(self, window: torch.Tensor, size: int) -> torch.Tensor:
         """The window with its frames from `size` on replaced by silence (a cut window)."""
         out = window.clone()
@@ -86,10 +93,15 @@ class _HeldMel(MelSource):
     """All frames already in memory: short audio, or a spectrogram the caller sent."""
 
     def __init__(
-        self, mel: torch.Tensor, n_frames: int, floor: float, duration: float | None = None
+        self, mel: torch.Tensor, n_frames: int, floor: float, clip: np.ndarray | None = None
     ):
         self.mel, self.n_mels, self.n_frames, self.floor = mel, mel.shape[0], n_frames, floor
-        self.duration = n_frames / FRAMES_PER_SECOND if duration is None else duration
+        self.clip = clip  # the samples of a clip; None for a spectrogram
+        self.hears = clip is not None
+        self.duration = n_frames / FRAMES_PER_SECOND if clip is None else len(clip) / SAMPLE_RATE
+
+    def samples(self) -> Iterator[np.ndarray]:
+        return iter([self.clip]) if self.clip is not None else super().samples()
 
     def window(self, seek: int) -> torch.Tensor:
         if seek == 0 and self.mel.shape[1] == N_FRAMES:  # a clip as the extractor pads it
@@ -101,8 +113,10 @@ class _StreamedMel(MelSource):
     """Frames of long audio, computed as the seek advances. The first pass refuses audio
     longer than `max_s` seconds as soon as it passes the limit, and finds its speech."""
 
+    hears = True
+
     def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float):
-        self.n_mels = n_mels
+        self.n_mels, self._audio = n_mels, audio
         log10_max, n_frames, n_samples = -math.inf, 0, 0
         voice = Detector(device)
 
@@ -123,6 +137,9 @@ class _StreamedMel(MelSource):
         self._frames: Iterator[torch.Tensor] = stream_log10_mel(audio.blocks(), n_mels, device)
         self._held = torch.zeros(n_mels, 0, device=device)
         self._start = 0  # frame index of self._held[:, 0]
+
+    def samples(self) -> Iterator[np.ndarray]:
+        return self._audio.blocks()
 
     def window(self, seek: int) -> torch.Tensor:
         if seek < self._start:
@@ -171,7 +188,7 @@ def sources(prepared: Sequence[Prepared], n_mels: int, device: torch.device) -> 
         mels = log_mel_spectrogram(_to_device(clips, device), n_mels)
         floors = _floor(mels).tolist()
         held = (
-            _HeldMel(mel, len(x) // HOP_LENGTH, floor, len(x) / SAMPLE_RATE)
+            _HeldMel(mel, len(x) // HOP_LENGTH, floor, x)
             for x, mel, floor in zip(clips, mels, floors, strict=True)
         )
     return [next(held) if isinstance(x, np.ndarray) else x for x in prepared]

@@ -49,6 +49,17 @@ class Window:
 
 TIME_PRECISION = CHUNK_LENGTH / 1500  # seconds per timestamp token (0.02)
 
+# Voice activity (option `vad`, where the input's speech is known): a segment further than
+# SPEECH_SLACK_S from any speech is dropped (a segment's own timestamps can be that far off);
+# a sequential request's seek jumps over a silence of more than SKIP_S to LEAD_IN_S before the
+# speech after it; chunked windows join stretches of speech up to 30 s, unless a silence of
+# MAX_GAP_S or more comes between them (WhisperX joins them whatever the gap: a long silence
+# inside a window is where Whisper invents text).
+SPEECH_SLACK_S = 0.5
+SKIP_S = 1.0
+LEAD_IN_S = 0.2
+MAX_GAP_S = 4.0
+
 # Speech a sequential request does not let a window skip (inputs whose speech is known:
 # `MelSource.speech`): a stretch of UNCOVERED_S seconds of it (pauses under BRIDGE_S bridged)
 # that no word covers. Segments suggest such a stretch (none over it, or one over SPARSE_MIN_S
@@ -105,6 +116,24 @@ def _minus(
     return pieces
 
 
+def speech_stretches(speech: list[tuple[float, float]], n_frames: int) -> list[tuple[int, int]]:
+    """The spans of a chunked request's windows where the speech is known, in frames: each
+    stretch of speech joined to the ones after it while they fit a window together and no
+    silence of MAX_GAP_S comes between; a stretch longer than a window stays one span, cut as
+    it is decoded."""
+    out: list[tuple[int, int]] = []
+    for s, e in speech:
+        start, end = round(s * FRAMES_PER_SECOND), min(round(e * FRAMES_PER_SECOND), n_frames)
+        if end <= start:
+            continue
+        near = out and start - out[-1][1] < MAX_GAP_S * FRAMES_PER_SECOND
+        if near and end - out[-1][0] <= N_FRAMES:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
 def split_segments(
     tokens: list[int], tokenizer: Tokenizer, window: Window
 ) -> tuple[list[Piece], int]:
@@ -149,6 +178,13 @@ class Request:
 
     def __post_init__(self) -> None:
         self.language = self.options.language or (None if self.tokenizer.is_multilingual else "en")
+        # voice activity: as asked, else where the speech is found anyway (audio over 30 s,
+        # inputs diarized)
+        vad, speech = self.options.vad, self.source.speech
+        if vad is None:
+            found = self.source.duration > CHUNK_LENGTH or self.options.diarize is not None
+            vad = speech is not None and found
+        self.vad: list[tuple[float, float]] | None = speech if vad else None
 
     @property
     def needs_language(self) -> bool:
@@ -254,7 +290,19 @@ class Request:
                 out, words, window.offset, self.speech_end_before(window)
             )
         # instantaneous or empty: no segment (after the words, which count every piece's tokens)
-        return [s for s in out if s.start != s.end and s.text.strip()], advance
+        out = [s for s in out if s.start != s.end and s.text.strip()]
+        if self.vad is not None:
+            out = [s for s in out if self.heard(s)]
+        return out, advance
+
+    def heard(self, segment: Segment) -> bool:
+        """Whether any speech is under the segment (or its words), give or take SPEECH_SLACK_S:
+        text over none is what Whisper makes up in silence, noise or music."""
+        spans = [(w.start, w.end) for w in segment.words or ()] or [(segment.start, segment.end)]
+        return any(
+            voiced_seconds(self.vad, start - SPEECH_SLACK_S, end + SPEECH_SLACK_S) > 0
+            for start, end in spans
+        )
 
     def speech_end_before(self, window: Window) -> float:
         """Where speech last ended before this window (word timestamps' first-word fix)."""
@@ -282,6 +330,19 @@ class SequentialRequest(Request):
         self.all_tokens: list[int] = list(self.initial)
         self.prompt_reset_since = 0
         self.speech = self.source.speech if self.options.cover_speech else None
+        self.skip_silence()
+
+    def skip_silence(self) -> None:
+        """With voice activity: a seek more than SKIP_S before the next speech moves to
+        LEAD_IN_S before it; with no speech after it, to the end."""
+        if self.vad is None or self.done:
+            return
+        here = self.seek / FRAMES_PER_SECOND
+        start = next((s for s, e in self.vad if e > here), None)
+        if start is None:
+            self.seek = self.source.n_frames
+        elif start - here > SKIP_S:
+            self.seek = round((start - LEAD_IN_S) * FRAMES_PER_SECOND)
 
     @property
     def done(self) -> bool:
@@ -365,7 +426,11 @@ class SequentialRequest(Request):
         for s in segments:
             self.segments.append(Segment(**{**s.__dict__, "id": len(self.segments)}))
             self.all_tokens.extend(s.tokens)
-        self.seek += advance if missed is not None else max(advance, 1)
+        if missed is None:  # (a seek back to missed speech keeps its lead)
+            self.seek += max(advance, 1)
+            self.skip_silence()
+        else:
+            self.seek += advance
         if not silence and (
             not self.options.condition_on_previous_text
             or result.temperature > self.options.prompt_reset_on_temperature
@@ -435,7 +500,23 @@ class ChunkedRequest(Request):
         self.pending = 0
         self.rests: list[Window] = []
         self.by_seek: dict[int, list[Segment]] = {}
-        self.decoded_frames = 0
+        self.decoded_frames = 0  # and skipped, as silence
+        self.stretches = (
+            None if self.vad is None else speech_stretches(self.vad, self.source.n_frames)
+        )
+        self.next_stretch()
+
+    def next_stretch(self) -> None:
+        """With voice activity: the seek at the start of the stretch of speech not yet handed
+        out (past the end when none is left), the silence before it counted as done."""
+        if self.stretches is None:
+            return
+        while self.stretches and self.stretches[0][1] <= self.next_seek:
+            self.stretches.pop(0)
+        start = self.stretches[0][0] if self.stretches else self.source.n_frames
+        if start > self.next_seek:
+            self.decoded_frames += start - self.next_seek
+            self.next_seek = start
 
     @property
     def done(self) -> bool:
@@ -454,14 +535,16 @@ class ChunkedRequest(Request):
             yield self.rests.pop()
         while self.next_seek < self.source.n_frames:
             seek = self.next_seek
-            left = self.source.n_frames - seek
+            end = self.stretches[0][1] if self.stretches else self.source.n_frames
             mel = self.source.window(seek)
-            size = left
-            if left > N_FRAMES:
+            size = end - seek
+            if size > N_FRAMES:
                 loudness = mel[:, N_FRAMES - self.QUIET_SEARCH :].mean(dim=0)
                 size = N_FRAMES - self.QUIET_SEARCH + int(loudness.argmin())
+            if seek + size < self.source.n_frames:
                 mel = self.source.pad(mel, size)
             self.next_seek = seek + size
+            self.next_stretch()
             self.pending += 1
             yield Window(seek, size, mel)
 

@@ -15,6 +15,22 @@ class OptionsError(ValueError):
 
 
 @dataclass(frozen=True)
+class SpeakerCount:
+    """What the caller knows of the number of speakers (`engine.diarize`): exactly
+    `speakers`, or a range."""
+
+    speakers: int | None = None
+    min_speakers: int = 1
+    max_speakers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.speakers is not None and self.speakers < 1:
+            raise OptionsError("speakers: at least 1")
+        if self.min_speakers < 1 or (self.max_speakers or self.min_speakers) < self.min_speakers:
+            raise OptionsError("min_speakers must be at least 1 and at most max_speakers")
+
+
+@dataclass(frozen=True)
 class TranscriptionOptions:
     # what to do
     task: str = "transcribe"  # or "translate" (to English; multilingual models)
@@ -22,6 +38,14 @@ class TranscriptionOptions:
     mode: str = "sequential"  # or "chunked" (engine.longform)
     timestamps: bool = True  # segment timestamps; without them each window is one segment
     word_timestamps: bool = False  # each segment's words, timed (engine.timing)
+    # voice activity (engine.vad): stretches without speech are not decoded, chunked windows
+    # are cut at silences, and a segment with no speech under it is dropped. None: on where
+    # the speech is found anyway (audio over 30 s, inputs diarized), off for other clips and
+    # for spectrograms
+    vad: bool | None = None
+    # who spoke when (engine.diarize): each segment and word gets a speaker; needs audio and
+    # word timestamps (which it turns on)
+    diarize: SpeakerCount | None = None
 
     # decoding with fallback: retry a window at the next temperature while its output is too
     # repetitive (compression ratio above) or too improbable (average log-prob below),

@@ -11,6 +11,7 @@ class Word:
     start: float  # seconds from the start of the audio
     end: float
     probability: float  # mean probability of its tokens
+    speaker: str | None = None  # with the option diarize: SPEAKER_00, SPEAKER_01, ...
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,13 @@ class Segment:
     no_speech_prob: float | None
     temperature: float
     words: list[Word] | None = None  # with the option word_timestamps
+    speaker: str | None = None  # with the option diarize
+
+
+@dataclass(frozen=True)
+class Speaker:
+    speaker: str  # SPEAKER_00, SPEAKER_01, ... in order of first appearance
+    talk_time: float  # seconds of its turns
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Transcription:
     segments: list[Segment]
     model: str
     options: dict = field(default_factory=dict)
+    speakers: list[Speaker] | None = None  # with the option diarize
 
     @property
     def words(self) -> list[Word] | None:

@@ -29,14 +29,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.inputs import Prepared, sources
+from engine.diarize import Recording, Turn, attribute, speaker_turns, talk_times
+from engine.inputs import MelSource, Prepared, sources
 from engine.longform import REQUESTS, Request, Window
 from engine.mel import SAMPLE_RATE
-from engine.options import TranscriptionOptions
+from engine.options import OptionsError, TranscriptionOptions
 from engine.result import Transcription
 from engine.runner import DecodedWindow, Runner
 from engine.slots import Sequence as Slotted
 from engine.timing import Aligned, Aligner, TokenTimes
+from engine.vad import clip_probabilities, speech_regions
 
 if TYPE_CHECKING:
     from engine.config import Input
@@ -175,6 +177,8 @@ class Stream(Streaming):
         if owner in self._inputs:
             raise ValueError(f"{owner!r} is already in the stream")
         options = self.check(options or TranscriptionOptions())
+        if (options.vad or options.diarize) and isinstance(item, MelSource) and not item.hears:
+            raise OptionsError("vad and diarize need audio; a spectrogram has no samples")
         order = (not urgent, next(self._arrivals))
         self._inputs[owner] = entry = _Input(owner, item, options, progress, order)
         self._new.append(entry)
@@ -256,7 +260,8 @@ class Stream(Streaming):
         runner.compact()
         for entry in finished:
             del self._inputs[entry.owner]
-        return [Finished(e.owner, self._result(e)) for e in finished]
+        speakers = self._diarize([e for e in finished if e.options.diarize])
+        return [Finished(e.owner, self._result(e, speakers.get(e.owner))) for e in finished]
 
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Pay the first-time costs before the first input does: capture the graphs an input
@@ -285,6 +290,16 @@ class Stream(Streaming):
         new, self._new = self._new, []
         m = self.engine.loaded
         opened = sources([e.item for e in new], m.dims.n_mels, m.device)
+        # the clips that need their speech found (long audio's is, as it is read): together
+        clips = [
+            s
+            for e, s in zip(new, opened, strict=True)
+            if (e.options.vad or e.options.diarize) and s.speech is None
+        ]
+        if clips:
+            held = [next(s.samples()) for s in clips]
+            for source, probs in zip(clips, clip_probabilities(held, m.device), strict=True):
+                source.speech = speech_regions(probs, source.duration)
         for entry, source in zip(new, opened, strict=True):
             entry.request = REQUESTS[entry.options.mode](source, entry.options, m.tokenizer)
             if entry.request.done:
@@ -358,18 +373,35 @@ class Stream(Streaming):
         self.stats += StreamStats(timed=len(asking))
         return {a.slot: times for a, times in zip(asking, timed, strict=True)}
 
-    def _result(self, entry: _Input) -> Transcription:
+    def _diarize(self, entries: list[_Input]) -> dict[Hashable, list[Turn]]:
+        """owner -> speaker turns, for inputs that asked: their windows embedded together, on
+        the stream's device."""
+        if not entries:
+            return {}
+        recordings = [
+            Recording(r.source.samples(), r.source.duration, r.source.speech, e.options.diarize)
+            for e in entries
+            for r in [e.request]
+        ]
+        turns = speaker_turns(recordings, str(self.engine.loaded.device))
+        return {e.owner: t for e, t in zip(entries, turns, strict=True)}
+
+    def _result(self, entry: _Input, turns: list[Turn] | None = None) -> Transcription:
         r, tok = entry.request, self.engine.loaded.tokenizer
         if len(r.segments) == 1:  # its text is decoded already
             text = r.segments[0].text
         else:
             text = tok.decode([t for seg in r.segments for t in seg.tokens])
+        segments = r.segments
+        if turns is not None:
+            segments = attribute(segments, turns, tok.decode, tok.eot)
         return Transcription(
             text=text.strip(),
             language=r.language or "en",
             language_probability=r.language_probability,
             duration=round(r.source.duration, 3),
-            segments=r.segments,
+            segments=segments,
             model=self.engine.name,
             options=dict(entry.options.__dict__),
+            speakers=None if turns is None else talk_times(turns),
         )

@@ -141,6 +141,28 @@ class Detector:
         return torch.cat(self._probs).float().cpu().numpy()
 
 
+@torch.inference_mode()
+def clip_probabilities(
+    clips: list[np.ndarray], device: torch.device | str = "cpu"
+) -> list[np.ndarray]:
+    """`speech_probabilities` of several clips in one pass: all their chunks through the front
+    end at once, the LSTM over the clips as one batch. A shorter clip is zero-padded at its end,
+    which changes none of its probabilities (the LSTM reads forward)."""
+    counts = [-(-len(x) // CHUNK) for x in clips]
+    if not clips or not max(counts):
+        return [np.zeros(0, np.float32) for _ in clips]
+    x = np.zeros((len(clips), CONTEXT + max(counts) * CHUNK), np.float32)
+    for row, clip in zip(x, clips, strict=True):
+        row[CONTEXT : CONTEXT + len(clip)] = clip
+    frames = torch.from_numpy(x).to(device).unfold(1, CONTEXT + CHUNK, CHUNK)
+    model = load(str(device))
+    features = model.features(frames.flatten(0, 1)).unflatten(0, frames.shape[:2])
+    out, _ = model.lstm(features.transpose(0, 1))  # (chunks, clips, 128)
+    probs = torch.sigmoid(model.final_conv(F.relu(out).permute(1, 2, 0)))[:, 0]
+    host = probs.float().cpu().numpy()
+    return [p[:n] for p, n in zip(host, counts, strict=True)]
+
+
 def speech_probabilities(samples: np.ndarray, device: torch.device | str = "cpu") -> np.ndarray:
     detector = Detector(device)
     detector.feed(samples)

@@ -20,6 +20,23 @@ from worker.contract.settings import Settings
 from worker.local import s3_server
 
 DATA = Path(__file__).parent / "data"
+# the three voices of tests/data, of which conversations are built (tools.conversations)
+VOICES = {
+    "jfk": ["en_jfk.flac"],
+    "lj": ["en_ljspeech_LJ050-0131.flac"],
+    "libri": ["en_librispeech_1272-128104-0000.flac"],
+}
+
+
+def built_conversations() -> list:
+    """Two conversations of the test voices, each with stretches without speech: two of the
+    voices, then all three (32 s)."""
+    from tools.conversations import conversations
+    from tools.evaluate import read_manifest
+
+    return conversations(read_manifest(DATA / "manifest.jsonl"), seed=7, count=2, speakers=VOICES)
+
+
 REDIS_URL = os.environ.get("WHISPERFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 
 

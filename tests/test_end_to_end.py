@@ -277,6 +277,58 @@ def test_word_timestamps_through_the_queue_match_transformers(api_url, clips):
     assert "words" not in httpx.get(f"{url}/v1/jobs/{plain['id']}/result").json()
 
 
+def test_speakers_and_voice_activity_through_the_queue(api_url):
+    """A conversation of three real voices with a stretch without speech, uploaded with
+    diarize: each segment and word names who spoke it, the result lists the three, subtitles
+    and text carry them, nothing is said in the stretch; the OpenAI endpoint takes the same
+    fields; a spectrogram asking for them is refused at the door."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from tests.conftest import built_conversations
+
+    url, _ = api_url
+    conv = built_conversations()[1]
+    buf = io.BytesIO()
+    sf.write(buf, conv.samples, 16000, format="FLAC")
+    job = run_job(url, buf.getvalue(), "conversation.flac", diarize="true", vad="true")
+    assert job["status"] == "succeeded", job
+    assert job["options"]["diarize"] is True and job["options"]["vad"] is True
+    result = httpx.get(f"{url}/v1/jobs/{job['id']}/result").json()
+    assert [s["speaker"] for s in result["speakers"]] == [f"SPEAKER_0{i}" for i in range(3)]
+    assert all(s["speaker"] and s["words"] for s in result["segments"])
+    assert result["words"] == [w for s in result["segments"] for w in s["words"]]
+    assert all(w["speaker"] == s["speaker"] for s in result["segments"] for w in s["words"])
+    for start, end, _ in conv.no_speech:
+        assert not [w for w in result["words"] if start + 0.5 < w["start"] < end - 0.5]
+    srt = httpx.get(f"{url}/v1/jobs/{job['id']}/result", params={"format": "srt"}).text
+    assert srt.count("[SPEAKER_0") == len(result["segments"])
+    vtt = httpx.get(f"{url}/v1/jobs/{job['id']}/result", params={"format": "vtt"}).text
+    assert vtt.count("<v SPEAKER_0") == len(result["segments"])
+    text = httpx.get(f"{url}/v1/jobs/{job['id']}/result", params={"format": "text"}).text
+    lines = text.splitlines()
+    assert len(lines) >= 3 and all(line.startswith("SPEAKER_0") for line in lines)
+
+    answer = httpx.post(
+        f"{url}/v1/audio/transcriptions",
+        files={"file": ("conversation.flac", buf.getvalue())},
+        data={"response_format": "verbose_json", "diarize": "true", "speakers": "3"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    speakers = {s["speaker"] for s in answer.json()["segments"]}
+    assert speakers == {"SPEAKER_00", "SPEAKER_01", "SPEAKER_02"}
+
+    mel = io.BytesIO()
+    np.save(mel, np.zeros((80, 3000), np.float32))
+    refused = httpx.post(
+        f"{url}/v1/jobs", files={"file": ("x.npy", mel.getvalue())}, data={"diarize": "true"}
+    )
+    assert refused.status_code == 422 and "need audio" in refused.json()["error"]["message"]
+
+
 def test_a_model_served_through_transformers_runs_jobs_end_to_end(api_url, clips):
     """REST -> queue -> worker -> stored result for `w2v=hf:/dir`: the same contract, the
     fields it cannot give null; options it cannot honour fail the job with the reason."""

@@ -428,8 +428,13 @@ def run_all(
     progress("engine, sequential without cover_speech")
     uncovered = TranscriptionOptions(cover_speech=False)
     runs["engine, cover_speech off"] = engine_runs(stream, recordings, uncovered)
+    progress("engine, sequential without voice activity")
+    runs["engine, vad off"] = engine_runs(stream, recordings, TranscriptionOptions(vad=False))
     progress("engine, chunked")
     runs["engine chunked"] = engine_runs(stream, recordings, TranscriptionOptions(mode="chunked"))
+    progress("engine, chunked without voice activity")
+    unheard = TranscriptionOptions(mode="chunked", vad=False)
+    runs["engine chunked, vad off"] = engine_runs(stream, recordings, unheard)
     if transformers:
         progress("transformers")
         runs["transformers"] = transformers_runs(stream, recordings)

@@ -96,6 +96,7 @@ async def create_job(
 
     The other fields are the job's options (the request body's schemas list them, with their
     values and defaults): `model`, `language`, `task`, `mode`, `prompt`, `timestamps`,
+    `word_timestamps`, `vad`, `diarize` (with `speakers`, or `min_speakers` / `max_speakers`),
     `temperature`, `seed`, `priority`, `input`, `webhook`; an empty form field counts as
     omitted. Refused with 422 before anything is queued, the upload deleted: an unknown field
     (`invalid_request`), a bad value (`invalid_option`), a model the server does not serve

@@ -41,6 +41,8 @@ router = APIRouter(prefix="/v1/audio", tags=["openai"])
 OPENAI_MODEL = "whisper-1"  # OpenAI's name for Whisper: here, the server's default model
 FORMATS = tuple(WRITERS)  # json, verbose_json, text, srt, vtt
 GRANULARITIES = "timestamp_granularities[]"
+# whisperfleet's options a client may add to OpenAI's fields (the SDKs' `extra_body`)
+EXTRA_FIELDS = frozenset({"vad", "diarize", "speakers", "min_speakers", "max_speakers"})
 # a job that failed for its input answers 422 (the client raises UnprocessableEntityError);
 # any other failure (internal, poison, expired, ...) answers 500 with the job's own code
 INPUT_ERRORS = frozenset(
@@ -69,6 +71,7 @@ class OpenAISegment(BaseModel):
     avg_logprob: float | None
     compression_ratio: float | None
     no_speech_prob: float | None
+    speaker: str | None = Field(None, description="with diarize: who spoke it")
     words: list[TranscriptWord] | None = Field(
         None, description="with timestamp_granularities[]=word: its words, timed"
     )
@@ -101,6 +104,7 @@ class _Form:
     @property
     def fields(self) -> frozenset[str]:
         names = {"model", "prompt", "response_format", "temperature", GRANULARITIES, "stream"}
+        names |= EXTRA_FIELDS
         return frozenset(names | {"language"} if self.task == TRANSCRIBE else names)
 
     def parse(self, sent: dict[str, str]) -> JobCreate:
@@ -169,6 +173,8 @@ def _form_schema(task: Task) -> dict:
             "its top level and in each segment); needs response_format=verbose_json",
         },
     }
+    extra = JobOptions.model_json_schema()["properties"]
+    properties |= {name: extra[name] for name in sorted(EXTRA_FIELDS)}  # beside OpenAI's
     if task == TRANSLATE:
         del properties["language"]
     return {"type": "object", "properties": properties, "required": ["file"]}
@@ -216,7 +222,9 @@ async def create_transcription(
 ) -> Response:
     """OpenAI's transcription endpoint: the audio's text in its own language. Fields: `file`,
     `model` (`whisper-1`: the default model), `language`, `prompt`, `response_format` (json,
-    verbose_json, text, srt, vtt), `temperature`, `timestamp_granularities[]` (segment, word).
+    verbose_json, text, srt, vtt), `temperature`, `timestamp_granularities[]` (segment, word);
+    and whisperfleet's own `vad`, `diarize`, `speakers`, `min_speakers`, `max_speakers`
+    (docs/api.md; `extra_body` in OpenAI's SDKs).
 
     Waits for the job (queued at `interactive` priority); past the server's wait, 202 with
     the job and a `Location` to poll. A job that fails for its input answers 422 with the

@@ -57,6 +57,11 @@ def test_submit_stores_input_records_job_and_queues_it(client, settings, clips):
         "prompt": None,
         "timestamps": True,
         "word_timestamps": False,
+        "vad": None,
+        "diarize": False,
+        "speakers": None,
+        "min_speakers": None,
+        "max_speakers": None,
         "temperature": None,
         "seed": None,
     }
@@ -325,6 +330,11 @@ def test_a_multilingual_model_takes_any_language_and_translates(client, clips):
         "prompt": None,
         "timestamps": False,
         "word_timestamps": False,
+        "vad": None,
+        "diarize": False,
+        "speakers": None,
+        "min_speakers": None,
+        "max_speakers": None,
         "temperature": None,
         "seed": 42,
     }
@@ -427,7 +437,12 @@ def test_openapi_declares_the_result(client):
         "words",
         "model",
         "options",
+        "speakers",
         "seed",
     }
-    assert {"no_speech_prob", "words"} <= set(schemas["TranscriptSegment"]["properties"])
-    assert {"timestamps", "word_timestamps"} <= set(schemas["JobOptions"]["properties"])
+    segment = set(schemas["TranscriptSegment"]["properties"])
+    assert {"no_speech_prob", "words", "speaker"} <= segment
+    assert {"speaker", "talk_time"} == set(schemas["TranscriptSpeaker"]["properties"])
+    assert {"timestamps", "word_timestamps", "vad", "diarize", "speakers"} <= set(
+        schemas["JobOptions"]["properties"]
+    )

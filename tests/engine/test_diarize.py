@@ -1,29 +1,24 @@
 """Who spoke when: CAM++ embeddings of real voices, their clustering, and DER on a conversation
 built from the test clips' three speakers."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from engine import diarize, speakers
 from engine.audio import decode_audio
-from engine.diarize import SpeakerCount
+from engine.options import SpeakerCount
+from engine.result import Segment, Speaker, Word
 from engine.vad import regions_of
-from tests.conftest import DATA
-from tools.conversations import conversations, der
-from tools.evaluate import read_manifest
-
-VOICES = {
-    "jfk": ["en_jfk.flac"],
-    "lj": ["en_ljspeech_LJ050-0131.flac"],
-    "libri": ["en_librispeech_1272-128104-0000.flac"],
-}
+from tests.conftest import built_conversations
+from tools.conversations import der
 
 
 @pytest.fixture(scope="module")
 def conversation():
-    clips = read_manifest(DATA / "manifest.jsonl")
-    return conversations(clips, seed=7, count=2, speakers=VOICES)[1]  # the second: 3 voices
+    return built_conversations()[1]  # three voices, 32 s
 
 
 def test_the_filterbank_is_kaldis_shape():
@@ -65,6 +60,55 @@ def test_a_batch_embeds_as_one_at_a_time(clips):
     together = diarize.embed(samples, spans)
     alone = np.concatenate([diarize.embed(samples, [s]) for s in spans])
     assert np.allclose(together, alone, atol=1e-5)
+
+
+def test_cuts_read_block_by_block_are_the_spans_samples(clips):
+    """An hour is embedded from its samples read again in blocks: each window cut across
+    blocks as from the whole, the last one zero-padded past the end."""
+    samples = decode_audio(clips["en_jfk"].bytes)
+    spans = diarize.windows(regions_of(samples), len(samples) / 16000) + [(10.5, 12.0)]
+    blocks = [samples[i : i + 7777] for i in range(0, len(samples), 7777)]
+    n = round(diarize.WINDOW_S * 16000)
+    for (s, _), cut in zip(spans, diarize.cuts(blocks, spans), strict=True):
+        whole = samples[round(s * 16000) :][:n]
+        assert np.array_equal(cut, np.pad(whole, (0, n - len(whole))))
+
+
+def test_recordings_diarized_together_are_each_alone(conversation):
+    """A worker diarizes the inputs finishing in one step in one embedding pass."""
+    conv, regions = conversation, regions_of(conversation.samples)
+    half = conv.samples[: len(conv.samples) // 2]
+    alone = [diarize.diarize(conv.samples, regions), diarize.diarize(half, regions_of(half))]
+    together = diarize.speaker_turns(
+        [
+            diarize.Recording([conv.samples], conv.duration, regions),
+            diarize.Recording([half], len(half) / 16000, regions_of(half)),
+        ]
+    )
+    assert together == alone
+
+
+def test_a_segment_is_cut_where_its_words_change_speaker(tiny_en):
+    """Each part keeps its words, their text and the text tokens that decode to them."""
+    tok = tiny_en.engine.loaded.tokenizer
+    first, second = " Ask not what your country can do for you.", " Ask what you can do."
+    tokens = [tok.timestamp_begin, *tok.encode(first + second), tok.timestamp_begin + 250]
+    words = [
+        Word(w, 0.5 * i, 0.5 * i + 0.4, 0.9)
+        for i, w in enumerate([*(" " + w for w in (first + second).split())])
+    ]
+    segment = Segment(3, 0.0, 5.0, first + second, tokens, -0.2, 1.1, 0.01, 0.0, words)
+    turns = [diarize.Turn(0.0, 4.45, 0), diarize.Turn(4.45, 7.0, 1)]  # "... you." | " Ask ..."
+    a, b = diarize.attribute([segment], turns, tok.decode, tok.eot)
+    assert (a.id, b.id) == (0, 1) and (a.speaker, b.speaker) == ("SPEAKER_00", "SPEAKER_01")
+    assert (a.text, b.text) == (first, second)
+    assert tok.decode(a.tokens) == first and tok.decode(b.tokens) == second
+    assert a.tokens + b.tokens == tokens[1:-1]
+    assert (a.start, a.end, b.start, b.end) == (0.0, words[8].end, words[9].start, words[-1].end)
+    assert {w.speaker for w in a.words} == {"SPEAKER_00"} and len(a.words) + len(b.words) == 14
+    unsplit = diarize.attribute([segment], turns[:1], tok.decode, tok.eot)
+    assert unsplit == [replace(segment, id=0, speaker="SPEAKER_00", words=unsplit[0].words)]
+    assert diarize.talk_times(turns) == [Speaker("SPEAKER_00", 4.45), Speaker("SPEAKER_01", 2.55)]
 
 
 def test_windows_cover_each_stretch_to_its_end_and_centre_short_ones():

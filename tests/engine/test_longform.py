@@ -15,7 +15,8 @@ from tests.conftest import DATA, transcribe
 from tools.longform import Run, rule_recordings, wer, widest_gap, window_log, with_regions
 
 REFERENCE = DATA / "longform" / "openai-whisper.json"
-RULES_ONLY = TranscriptionOptions(cover_speech=False)  # openai-whisper's rules and no more
+# openai-whisper's rules and no more (no voice activity: it decodes every window)
+RULES_ONLY = TranscriptionOptions(cover_speech=False, vad=False)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_a_seek_to_the_last_timestamp_and_the_last_window_padded(
     zeros, as openai-whisper pads it. Nothing is skipped, so covering speech changes nothing."""
     expected = theirs(reference["seek"])
     assert expected[1][0] < 3000 and expected[-1][1] < 3000  # the rules this recording takes
-    options = TranscriptionOptions(cover_speech=cover_speech)
+    options = TranscriptionOptions(cover_speech=cover_speech, vad=False)
     _, ours = windows(tiny_en, recordings["seek"].samples, options)
     assert ours == expected
 
@@ -57,11 +58,24 @@ def test_a_window_of_room_tone_is_skipped_as_silence(tiny_en, recordings, refere
     run = reference["silence"]
     skipped = [w for w in run.windows if w.no_speech_prob > 0.6 and w.avg_logprob <= -1.0]
     assert [w.seek for w in skipped] == [3000]
-    result, ours = windows(
-        tiny_en, recordings["silence"].samples, TranscriptionOptions(cover_speech=cover_speech)
-    )
+    options = TranscriptionOptions(cover_speech=cover_speech, vad=False)
+    result, ours = windows(tiny_en, recordings["silence"].samples, options)
     assert ours == theirs(run)
     assert not [s for s in result.segments if 30 <= s.start < 60]  # no text in the skip
+
+
+def test_voice_activity_decodes_no_window_of_room_tone(tiny_en, recordings):
+    """By default (audio over 30 s) the seek jumps over the minute of room tone that
+    openai-whisper decodes and then skips as silence: the same text, from fewer windows, the
+    window after the tone starting just before the speech."""
+    recording = recordings["silence"]
+    heard, ours = windows(tiny_en, recording.samples, TranscriptionOptions())
+    every, all_windows = windows(tiny_en, recording.samples, TranscriptionOptions(vad=False))
+    assert heard.text == every.text
+    assert len(ours) < len(all_windows)
+    assert not [seek for seek, *_ in ours if 1100 < seek < 7000]  # tone: 11 s to 71 s
+    speech = next(s for s, _ in recording.regions if s > 60)
+    assert speech - 1.0 < ours[-1][0] / 100 < speech
 
 
 def test_a_window_that_fails_the_checks_falls_back_as_openai_whisper(

@@ -76,3 +76,13 @@ def test_loading_the_wheels_model_warns_of_nothing():
         warnings.simplefilter("always")
         vad.load.__wrapped__()
     assert not [str(w.message) for w in caught]
+
+
+def test_clips_together_are_each_alone(clips):
+    """Several clips in one pass (the stream's, for the clips that ask): each one's
+    probabilities as if it were alone, the shorter ones' padding read by none."""
+    samples = [decode_audio(c.bytes) for c in clips.values()]
+    samples += [samples[0][:1000], np.zeros(0, np.float32)]
+    together = vad.clip_probabilities(samples)
+    for x, probs in zip(samples, together, strict=True):
+        np.testing.assert_allclose(probs, vad.speech_probabilities(x), atol=1e-5)

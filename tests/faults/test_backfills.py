@@ -227,3 +227,35 @@ def test_a_killed_scanner_and_worker_leave_the_totals_of_a_calm_run(stack):
     lines = stack.wait_manifest(bid, 50)
     assert sorted(line["job_id"] for line in lines) == sorted(j.id for j in jobs)
     assert any(j.attempts > 1 for j in jobs)  # the job the killed worker ran, taken over
+
+
+def test_a_backfill_of_conversations_gives_each_its_speakers(stack):
+    """Archived conversations (two and three real voices), backfilled with diarize: each
+    result names its speakers, and the subtitles written out carry them."""
+    import io
+
+    import soundfile as sf
+
+    from tests.conftest import built_conversations
+
+    made = built_conversations()
+    for conv in made:
+        buf = io.BytesIO()
+        sf.write(buf, conv.samples, 16000, format="FLAC")
+        stack.put(f"calls/{conv.name}.flac", buf.getvalue())
+    bid = stack.start("calls/", diarize=True, formats=["srt"])["id"]
+    seen = stack.wait(bid, lambda s: s["status"] == "done", timeout=600)
+    assert seen["counts"]["succeeded"] == len(made), seen
+    out_bucket, _, out_prefix = seen["output"].removeprefix("s3://").partition("/")
+    for conv in made:
+        [job] = [j for j in stack.jobs_of(bid) if j.source.endswith(f"{conv.name}.flac")]
+        assert job.options.diarize is True
+        result = json.loads(
+            stack.s3.get_object(Bucket=stack.fleet.settings.s3_bucket, Key=job.result_key)[
+                "Body"
+            ].read()
+        )
+        assert len(result["speakers"]) == len(conv.speakers), conv.name
+        assert all(s["speaker"] for s in result["segments"])
+        srt = stack.s3.get_object(Bucket=out_bucket, Key=f"{out_prefix}{conv.name}.flac.srt")
+        assert srt["Body"].read().decode().count("[SPEAKER_0") == len(result["segments"])

@@ -182,6 +182,14 @@ def test_the_job_id_follows_what_makes_the_result():
         object_job_id("t", "b", "a/x.flac", "e1", "tiny.en", JobOptions(language="en")),
     }
     assert one not in others and len(others) == 6
+    # ids made before options were added stay the same: a rerun after an upgrade skips
+    assert one == "1e8cb372c9d320f9e1d87c9bb4fc6236"
+    worded = JobOptions(language="en", word_timestamps=True)
+    assert object_job_id("t", "b", "a/x.flac", "e1", "tiny.en", worded) == (
+        "47c95490a0e722b5b2d729241ab09313"
+    )
+    assert one != object_job_id("t", "b", "a/x.flac", "e1", "tiny.en", JobOptions(vad=False))
+    assert one != object_job_id("t", "b", "a/x.flac", "e1", "tiny.en", JobOptions(diarize=True))
 
 
 def test_patterns_choose_the_objects():

@@ -114,6 +114,27 @@ def test_word_cues_in_a_format_without_cues_is_refused_before_any_work(clips):
     ]
 
 
+def test_transcribe_names_the_speakers_and_checks_their_flags(clips, tmp_path):
+    """Two voices, one after the other: --diarize gives a line a turn in text, and a count
+    without --diarize is refused as the API refuses it, before any work."""
+    import numpy as np
+    import soundfile as sf
+
+    from engine.audio import decode_audio
+    from tools.longform import leveled
+
+    voices = [leveled(decode_audio(clips[n].bytes)) for n in ("en_jfk", "en_ljspeech_LJ050-0131")]
+    path = tmp_path / "two.flac"
+    sf.write(path, np.concatenate([voices[0], np.zeros(16000, np.float32), voices[1]]), 16000)
+    done = transcribe_cli("--diarize", str(path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["SPEAKER_00", "SPEAKER_01"], lines
+    assert "ask not what your country" in lines[0].lower()
+    refused = transcribe_cli("--speakers", "2", str(path))
+    assert refused.returncode == 2 and "only with diarize=true" in refused.stderr
+
+
 @pytest.fixture
 def settings_env(monkeypatch):
     """Set environment variables and read the settings afresh; both undone afterwards."""

@@ -43,6 +43,11 @@ STORED = {
         "prompt": None,
         "timestamps": True,
         "word_timestamps": False,
+        "vad": None,
+        "diarize": False,
+        "speakers": None,
+        "min_speakers": None,
+        "max_speakers": None,
         "temperature": None,
         "seed": None,
     },
@@ -169,3 +174,51 @@ def test_word_cues_only_in_subtitles(fmt):
 def test_word_cues_need_a_job_run_with_word_timestamps():
     with pytest.raises(GranularityError, match="word_timestamps"):
         WRITERS["vtt"].render(RESULT, "word")
+
+
+def with_speakers() -> TranscriptResult:
+    """with_words() as a job run with diarize stores it: three segments (the second cut where
+    the speaker changed), each word and segment with its speaker, the speakers listed."""
+    stored = json.loads(WRITERS["json"].render(with_words()))
+    hello, general = stored["segments"]
+    one = {**hello, "speaker": "SPEAKER_00"}
+    one["words"] = [{**w, "speaker": "SPEAKER_00"} for w in hello["words"]]
+    two = {**general, "id": 1, "end": 3662.2, "text": " General", "speaker": "SPEAKER_01"}
+    two["words"] = [{**general["words"][0], "speaker": "SPEAKER_01"}]
+    three = {**general, "id": 2, "start": 3662.2, "text": " Kenobi.", "speaker": "SPEAKER_01"}
+    three["words"] = [{**general["words"][1], "speaker": "SPEAKER_01"}]
+    stored["segments"] = [one, two, three]
+    stored["words"] = [w for s in stored["segments"] for w in s["words"]]
+    stored["speakers"] = [
+        {"speaker": "SPEAKER_00", "talk_time": 1.5},
+        {"speaker": "SPEAKER_01", "talk_time": 2.0},
+    ]
+    stored["options"] = {**stored["options"], "diarize": True, "speakers": 2}
+    return TranscriptResult.model_validate_json(json.dumps(stored))
+
+
+def test_speakers_in_subtitles_text_and_json():
+    result = with_speakers()
+    srt = WRITERS["srt"].render(result)
+    assert srt.startswith("1\n00:00:00,000 --> 00:00:01,500\n[SPEAKER_00] Hello there.\n\n2\n")
+    assert "[SPEAKER_01] General\n" in srt and "[SPEAKER_01] Kenobi.\n" in srt
+    vtt = WRITERS["vtt"].render(result)
+    assert "00:00.000 --> 00:01.500\n<v SPEAKER_00>Hello there.\n" in vtt
+    assert "<v SPEAKER_01>General\n" in WRITERS["vtt"].render(result, "word")
+    # text: a line a turn, the two segments of the second speaker's one turn joined
+    assert WRITERS["text"].render(result) == (
+        "SPEAKER_00: Hello there.\nSPEAKER_01: General Kenobi.\n"
+    )
+    stored = json.loads(WRITERS["json"].render(result))
+    assert stored["speakers"][1] == {"speaker": "SPEAKER_01", "talk_time": 2.0}
+    assert [s["speaker"] for s in stored["segments"]] == ["SPEAKER_00", *["SPEAKER_01"] * 2]
+    assert stored["words"][2] == {**stored["segments"][1]["words"][0], "speaker": "SPEAKER_01"}
+    verbose = json.loads(WRITERS["verbose_json"].render(result))
+    assert [s["speaker"] for s in verbose["segments"]] == ["SPEAKER_00", *["SPEAKER_01"] * 2]
+
+
+def test_a_result_without_speakers_is_stored_without_the_keys():
+    stored = json.loads(WRITERS["json"].render(with_words()))
+    assert "speakers" not in stored and all("speaker" not in s for s in stored["segments"])
+    assert all("speaker" not in w for w in stored["words"])
+    assert "SPEAKER" not in WRITERS["text"].render(with_words())

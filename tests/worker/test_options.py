@@ -9,6 +9,7 @@ import pytest
 
 from worker.contract.jobs import QUEUES
 from worker.contract.options import (
+    MAX_SPEAKERS,
     PROMPT_MAX_CHARS,
     InputKind,
     JobCreate,
@@ -40,6 +41,11 @@ def test_defaults_and_the_options_part():
         "prompt": None,
         "timestamps": True,
         "word_timestamps": False,
+        "vad": None,
+        "diarize": False,
+        "speakers": None,
+        "min_speakers": None,
+        "max_speakers": None,
         "temperature": None,
         "seed": None,
     }
@@ -67,6 +73,24 @@ def test_form_strings_become_typed_values():
         ({"seed": str(2**63)}, "invalid_option", f"seed '{2**63}': expected less than {2**63}"),
         ({"seed": "0x1f"}, "invalid_option", "seed '0x1f': expected a whole number"),
         ({"langauge": "en"}, "invalid_request", "unknown option 'langauge'; expected language"),
+        ({"vad": "sometimes"}, "invalid_option", "vad 'sometimes': expected true or false"),
+        ({"speakers": "2"}, "invalid_option", "speakers: only with diarize=true"),
+        (
+            {"diarize": "true", "min_speakers": "2", "max_speakers": "3", "speakers": "2"},
+            "invalid_option",
+            "speakers, or min_speakers / max_speakers: not both",
+        ),
+        (
+            {"diarize": "true", "min_speakers": "4", "max_speakers": "3"},
+            "invalid_option",
+            "min_speakers 4 is more than max_speakers 3",
+        ),
+        ({"diarize": "true", "speakers": "0"}, "invalid_option", "speakers '0': expected 1 or"),
+        (
+            {"diarize": "true", "max_speakers": "1000"},
+            "invalid_option",
+            f"max_speakers '1000': expected {MAX_SPEAKERS} or less",
+        ),
     ],
 )
 def test_refusals_name_the_field_the_value_and_what_was_expected(fields, code, message):
@@ -104,6 +128,18 @@ def test_resolve_refuses_what_the_worker_would_fail(fields, code, words):
     assert refused.value.code == code
     for word in words:
         assert word in str(refused.value)
+
+
+@pytest.mark.parametrize("fields", [{"vad": "true"}, {"diarize": "true", "speakers": "2"}])
+@pytest.mark.parametrize("declared, found", [("spectrogram", None), (None, "spectrogram")])
+def test_voice_options_are_refused_for_a_spectrogram(fields, declared, found):
+    """Speech is found in audio: a spectrogram job asking for it is refused at the door,
+    whether it says it is one or its file shows it."""
+    job = JobCreate.parse({**fields, **({"input": declared} if declared else {})})
+    with pytest.raises(OptionError, match="need audio: a spectrogram has none") as refused:
+        job.resolve(SERVED, found)
+    assert refused.value.code == "invalid_option"
+    assert JobCreate.parse(fields).resolve(SERVED, "audio").input == "audio"
 
 
 def test_a_multilingual_model_translates_any_language():

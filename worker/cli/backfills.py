@@ -21,6 +21,7 @@ import urllib.request
 from datetime import datetime
 from typing import IO, Any
 
+from worker.cli.flags import add_voice_flags, voice_fields
 from worker.contract.options import Mode, Task, values
 
 PROG = "whisperfleet backfill"
@@ -363,6 +364,7 @@ def _start(args: argparse.Namespace, client: Client) -> int:
         "prompt": args.prompt,
         "temperature": args.temperature,
         "seed": args.seed,
+        **voice_fields(args),
         "output": args.output,
         "formats": args.formats,
         "schedule": args.schedule,
@@ -574,6 +576,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         const=False,
         help="no segment timestamps",
     )
+    add_voice_flags(s)
     s.add_argument("--output", metavar="S3_URI", help="s3://bucket/prefix/ for the outputs")
     s.add_argument(
         "--format",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from worker.cli import backfills as backfill_cli
 from worker.cli.backfills import CliError
+from worker.cli.flags import add_voice_flags, voice_fields
 from worker.cli.supervisor import Child, Supervisor
 from worker.contract.formats import WRITERS
 from worker.contract.jobs import QUEUES
@@ -500,6 +501,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         "prompt": args.prompt,
         "timestamps": args.timestamps,
         "word_timestamps": args.word_timestamps or args.granularity == "word",
+        **voice_fields(args),
         "seed": args.seed,
     }
     writer = WRITERS[args.format]
@@ -806,6 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time each word (`words` in json and verbose_json)",
     )
+    add_voice_flags(p)
     p.add_argument(
         "--device", type=_device, help="cpu, cuda, cuda:1 ... (default: CUDA if present)"
     )

@@ -225,12 +225,25 @@ class BackfillCreate(JobOptions):
         return self.modified_since is None or modified >= self.modified_since
 
 
+# The options job ids were first made of, at any value; an option added since counts only where
+# it is set, so that a new option changes no object's job (a rerun after an upgrade skips what
+# was done before it).
+FIRST_OPTIONS = frozenset(
+    {"language", "task", "mode", "prompt", "timestamps", "word_timestamps", "temperature", "seed"}
+)
+
+
 def object_job_id(
     tenant: str, bucket: str, key: str, etag: str, model: str, options: JobOptions
 ) -> str:
     """The job of one object: the same object (its ETag: the same bytes), model and options
     give the same id, so whoever finds the object again finds its job."""
-    what = [tenant, bucket, key, etag.strip('"'), model, options.model_dump(mode="json")]
+    chosen = {
+        name: value
+        for name, value in options.model_dump(mode="json").items()
+        if name in FIRST_OPTIONS or value != JobOptions.model_fields[name].default
+    }
+    what = [tenant, bucket, key, etag.strip('"'), model, chosen]
     blob = json.dumps(what, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 

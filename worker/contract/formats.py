@@ -3,12 +3,14 @@
 Light on purpose (no torch): the API renders results it reads from storage, and the CLI uses
 the same writers. One small writer per format, each with its media type and file extension.
 Subtitles are a cue per segment, or a cue per word (`granularity="word"`) for a result with
-word timestamps.
+word timestamps. A result with speakers (the option diarize) names them: SRT as `[SPEAKER_00]`
+before a cue's text, VTT as a voice span (`<v SPEAKER_00>`), text as one line per turn.
 """
 
 from __future__ import annotations
 
 import json
+from itertools import groupby
 from typing import ClassVar, Literal
 
 from worker.contract.languages import LANGUAGES
@@ -53,11 +55,14 @@ class ResultWriter:
         raise NotImplementedError
 
 
-def cues(result: TranscriptResult, granularity: Granularity) -> list[tuple[float, float, str]]:
-    """(start, end, text) of each subtitle cue."""
+Cue = tuple[float, float, str, str | None]  # start, end, text, speaker
+
+
+def cues(result: TranscriptResult, granularity: Granularity) -> list[Cue]:
+    """(start, end, text, speaker) of each subtitle cue."""
     if granularity == "word":
-        return [(w.start, w.end, w.word.strip()) for w in result.words or ()]
-    return [(s.start, s.end, s.text.strip()) for s in result.segments]
+        return [(w.start, w.end, w.word.strip(), w.speaker) for w in result.words or ()]
+    return [(s.start, s.end, s.text.strip(), s.speaker) for s in result.segments]
 
 
 class WriteJSON(ResultWriter):
@@ -87,6 +92,7 @@ class WriteVerboseJSON(ResultWriter):
                 "avg_logprob": s.avg_logprob,
                 "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,
+                **({} if s.speaker is None else {"speaker": s.speaker}),
                 **({} if s.words is None else {"words": [w.model_dump() for w in s.words]}),
             }
             for s in result.segments
@@ -107,7 +113,12 @@ class WriteText(ResultWriter):
     extension, media_type = "txt", "text/plain; charset=utf-8"
 
     def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
-        return result.text + "\n"
+        if result.speakers is None:
+            return result.text + "\n"
+        turns = groupby(result.segments, key=lambda s: s.speaker)
+        return "".join(
+            f"{speaker}: {''.join(s.text for s in turn).strip()}\n" for speaker, turn in turns
+        )
 
 
 class WriteSRT(ResultWriter):
@@ -116,9 +127,10 @@ class WriteSRT(ResultWriter):
 
     def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
         out = []
-        for i, (start, end, text) in enumerate(cues(result, granularity), start=1):
+        for i, (start, end, text, speaker) in enumerate(cues(result, granularity), start=1):
             start = format_timestamp(start, ",", always_hours=True)
             end = format_timestamp(end, ",", always_hours=True)
+            text = text if speaker is None else f"[{speaker}] {text}"
             out.append(f"{i}\n{start} --> {end}\n{text}\n")
         return "\n".join(out)
 
@@ -129,8 +141,9 @@ class WriteVTT(ResultWriter):
 
     def _render(self, result: TranscriptResult, granularity: Granularity) -> str:
         out = [
-            f"{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n"
-            for start, end, text in cues(result, granularity)
+            f"{format_timestamp(start)} --> {format_timestamp(end)}\n"
+            f"{text if speaker is None else f'<v {speaker}>{text}'}\n"
+            for start, end, text, speaker in cues(result, granularity)
         ]
         return "\n".join(["WEBVTT\n", *out])
 

@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from worker.contract.languages import LANGUAGES
@@ -27,6 +35,7 @@ InputKind = Literal["audio", "spectrogram"]
 # Whisper keeps only the prompt's last 223 tokens; this bounds what a client may send
 PROMPT_MAX_CHARS = 1024
 SEED_LIMIT = 2**63  # seeds fit a signed 64-bit integer (the engine's, engine.sampling)
+MAX_SPEAKERS = 32  # speakers a job may name (a range's upper end included)
 
 
 def values(alias: Any) -> tuple[str, ...]:
@@ -76,6 +85,33 @@ class JobOptions(BaseModel):
         description="each word's start and end (`words` in the result), from the attention of "
         "the model's alignment heads: one more decoder pass a window for the jobs that ask",
     )
+    vad: bool | None = Field(
+        None,
+        description="voice activity (Silero VAD): stretches without speech are not decoded, "
+        "chunked windows are cut at silences, and a segment with no speech under it is "
+        "dropped (what Whisper makes up in silence, noise or music); omitted: on where the "
+        "speech is found anyway (audio over 30 s, as it is read; jobs with diarize), off for "
+        "other clips, where it changes little, and for spectrograms, which have no audio",
+    )
+    diarize: bool = Field(
+        False,
+        description="who spoke when: each segment and word gets a `speaker` (SPEAKER_00, "
+        "SPEAKER_01, ... in order of first appearance), a segment is split where the speaker "
+        "changes, and the result lists `speakers` with their talk time; turns word "
+        "timestamps on; needs audio",
+    )
+    speakers: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SPEAKERS,
+        description="with diarize: how many speakers there are, if known; omitted: found",
+    )
+    min_speakers: int | None = Field(
+        None, ge=1, le=MAX_SPEAKERS, description="with diarize: at least this many speakers"
+    )
+    max_speakers: int | None = Field(
+        None, ge=1, le=MAX_SPEAKERS, description="with diarize: at most this many speakers"
+    )
     temperature: float | None = Field(
         None,
         ge=0,
@@ -101,6 +137,23 @@ class JobOptions(BaseModel):
         if value.lower() not in LANGUAGES:
             raise ValueError(f"language {value!r}: expected an ISO 639-1 code (en, de, fr, ...)")
         return value.lower()
+
+    @model_validator(mode="after")
+    def _speaker_count(self) -> JobOptions:
+        counts = {
+            name: value
+            for name in ("speakers", "min_speakers", "max_speakers")
+            if (value := getattr(self, name)) is not None
+        }
+        if counts and not self.diarize:
+            raise ValueError(f"{', '.join(counts)}: only with diarize=true")
+        if self.speakers is not None and len(counts) > 1:
+            raise ValueError("speakers, or min_speakers / max_speakers: not both")
+        if (self.min_speakers or 1) > (self.max_speakers or MAX_SPEAKERS):
+            raise ValueError(
+                f"min_speakers {self.min_speakers} is more than max_speakers {self.max_speakers}"
+            )
+        return self
 
 
 class JobCreate(JobOptions):
@@ -175,6 +228,12 @@ class JobCreate(JobOptions):
                     f"model {model!r} is English-only, but language={self.language}: drop "
                     f"language (or send en){instead}",
                 )
+        listens = [name for name in ("vad", "diarize") if getattr(self, name)]
+        if listens and "spectrogram" in (kind, self.input):
+            raise OptionError(
+                "invalid_option",
+                f"{' and '.join(listens)} need audio: a spectrogram has none to listen to",
+            )
         if kind is None:  # the file is not here yet: what can be checked without it
             return self.model_copy(update={"model": model})
         if self.input is not None and self.input != kind:
@@ -220,6 +279,8 @@ def _refusal(error: ErrorDetails) -> OptionError:
             expected = "expected a whole number"
         case "greater_than_equal":
             expected = f"expected {ctx['ge']} or more"
+        case "less_than_equal":
+            expected = f"expected {ctx['le']} or less"
         case "less_than":
             expected = f"expected less than {ctx['lt']}"
         case _:

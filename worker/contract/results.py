@@ -16,6 +16,11 @@ class TranscriptWord(BaseModel):
     start: float = Field(description="seconds from the start of the audio")
     end: float = Field(description="seconds from the start of the audio")
     probability: float = Field(description="mean probability of its tokens")
+    speaker: str | None = Field(
+        None,
+        description="who spoke it (with the option diarize; else absent)",
+        exclude_if=lambda speaker: speaker is None,
+    )
 
 
 class TranscriptSegment(BaseModel):
@@ -39,6 +44,17 @@ class TranscriptSegment(BaseModel):
         description="its words, timed (with the option word_timestamps; else absent)",
         exclude_if=lambda words: words is None,  # results without them are stored as before
     )
+    speaker: str | None = Field(
+        None,
+        description="who spoke it: SPEAKER_00, SPEAKER_01, ... (with the option diarize; else "
+        "absent)",
+        exclude_if=lambda speaker: speaker is None,
+    )
+
+
+class TranscriptSpeaker(BaseModel):
+    speaker: str = Field(description="SPEAKER_00, SPEAKER_01, ... in order of first appearance")
+    talk_time: float = Field(description="seconds of speech in its turns")
 
 
 class TranscriptResult(BaseModel):
@@ -59,6 +75,11 @@ class TranscriptResult(BaseModel):
         exclude_if=lambda words: words is None,
     )
     options: JobOptions = Field(description="the job options that produced it")
+    speakers: list[TranscriptSpeaker] | None = Field(
+        None,
+        description="who spoke, with their talk time (with the option diarize; else absent)",
+        exclude_if=lambda speakers: speakers is None,
+    )
     seed: int | None = Field(
         None,
         description="the seed it was sampled with: the job's, or the one derived from its audio "

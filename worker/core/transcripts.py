@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 
-from engine.options import TranscriptionOptions
+from engine.options import SpeakerCount, TranscriptionOptions
 from engine.result import Transcription
 from worker.contract.options import SEED_LIMIT, JobOptions
 from worker.contract.results import TranscriptResult
+
+TEXTLESS = {"word_timestamps", "diarize", "speakers", "min_speakers", "max_speakers"}
 
 
 def job_seed(data: bytes, options: JobOptions) -> int:
@@ -20,8 +22,8 @@ def job_seed(data: bytes, options: JobOptions) -> int:
     if options.seed is not None:
         return options.seed
     # options left at their defaults are not hashed: a new option changes no derived seed;
-    # nor are word timestamps, which change no text
-    dumped = options.model_dump_json(exclude_defaults=True, exclude={"word_timestamps"})
+    # nor are those that change no text (words, speakers)
+    dumped = options.model_dump_json(exclude_defaults=True, exclude=TEXTLESS)
     digest = hashlib.blake2b(dumped.encode(), digest_size=8)
     digest.update(b"\0")  # JSON never holds a raw NUL: options and bytes cannot run together
     digest.update(data)
@@ -44,7 +46,11 @@ def engine_options(options: JobOptions, data: bytes) -> TranscriptionOptions:
         language=options.language,
         mode=options.mode,
         timestamps=options.timestamps,
-        word_timestamps=options.word_timestamps,
+        word_timestamps=options.word_timestamps or options.diarize,
+        vad=options.vad,
+        diarize=SpeakerCount(options.speakers, options.min_speakers or 1, options.max_speakers)
+        if options.diarize
+        else None,
         initial_prompt=options.prompt,
         seed=job_seed(data, options),
     )

@@ -1,0 +1,124 @@
+"""Voice activity and speakers through the stream (options `vad` and `diarize`), on tiny.en and
+real voices: the text of speech only, each word with who spoke it."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine import OptionsError, TranscriptionOptions
+from engine.audio import decode_audio
+from engine.diarize import speaker_at
+from engine.longform import MAX_GAP_S, speech_stretches
+from engine.mel import log_mel_spectrogram
+from engine.options import SpeakerCount
+from tests.conftest import built_conversations
+from tools.conversations import no_speech
+from tools.longform import leveled, room_tone
+from tools.wer import word_error_rate
+
+DIARIZE = TranscriptionOptions(diarize=SpeakerCount())
+
+
+@pytest.fixture(scope="module")
+def conversation():
+    return built_conversations()[1]  # three voices, 32 s
+
+
+@pytest.fixture(scope="module")
+def spaced(clips):
+    """JFK, 45 s of room tone, LJ: audio over 30 s, two thirds of it without speech."""
+    rng = np.random.default_rng(0)
+    jfk, lj = (leveled(decode_audio(clips[n].bytes)) for n in ("en_jfk", "en_ljspeech_LJ050-0131"))
+    return np.concatenate([jfk, room_tone(45.0, rng), lj])
+
+
+def test_each_segment_and_word_names_its_speaker(tiny_en, conversation):
+    """Three voices, told apart: every word's speaker is the true one at that moment (under a
+    one-to-one naming), each speaker's words are their own clip's, and the result lists the
+    three with their talk time."""
+    conv = conversation
+    result = tiny_en.transcribe([conv.samples], DIARIZE)[0]
+    assert [s.speaker for s in result.speakers] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_02"]
+    truth = sum(e - s for s, e, _ in conv.turns)
+    assert sum(s.talk_time for s in result.speakers) == pytest.approx(truth, rel=0.15)
+    words = result.words
+    assert words and all(w.speaker for w in words)
+    assert all(s.speaker and {w.speaker for w in s.words} == {s.speaker} for s in result.segments)
+    true = [conv.turns[speaker_at(w.start, w.end, _turns(conv))][2] for w in words]
+    naming = {}
+    for w, who in zip(words, true, strict=True):
+        naming.setdefault(w.speaker, who)
+    assert sorted(naming.values()) == sorted(conv.speakers)
+    right = sum(naming[w.speaker] == who for w, who in zip(words, true, strict=True))
+    assert right >= 0.95 * len(words)
+    for label, who in naming.items():
+        said = "".join(s.text for s in result.segments if s.speaker == label)
+        assert word_error_rate([conv.references[who]], [said]) < 0.4, who
+    # the same text as without speakers: they cut segments, never words
+    assert result.text == tiny_en.transcribe([conv.samples])[0].text
+
+
+def _turns(conv):
+    """The conversation's ground truth as engine turns, numbered by their place in it."""
+    from engine.diarize import Turn
+
+    return [Turn(s, e, i) for i, (s, e, _) in enumerate(conv.turns)]
+
+
+def test_a_count_given_is_the_count_found(tiny_en, conversation):
+    two = tiny_en.transcribe([conversation.samples], TranscriptionOptions(diarize=SpeakerCount(2)))
+    assert [s.speaker for s in two[0].speakers] == ["SPEAKER_00", "SPEAKER_01"]
+
+
+def test_inputs_finishing_together_are_diarized_as_alone(tiny_en, conversation, clips):
+    jfk = decode_audio(clips["en_jfk"].bytes)
+    together = tiny_en.transcribe([conversation.samples, jfk], DIARIZE)
+    alone = [tiny_en.transcribe([x], DIARIZE)[0] for x in (conversation.samples, jfk)]
+    assert [who(r) for r in together] == [who(r) for r in alone]
+    assert [s.speaker for s in alone[1].speakers] == ["SPEAKER_00"]
+
+
+def who(result):
+    """Who said what when (a batch's log-probabilities differ in their last bits on a CPU)."""
+    said = [(s.start, s.end, s.speaker, s.text) for s in result.segments]
+    return said, [(w.word, w.speaker) for w in result.words], result.speakers
+
+
+@pytest.mark.parametrize("kind", ["silence", "noise", "tone", "music"])
+def test_a_clip_without_speech_gives_no_text(tiny_en, kind):
+    samples = no_speech(kind, 8.0, np.random.default_rng(1))
+    result = tiny_en.transcribe([samples], TranscriptionOptions(vad=True))[0]
+    assert result.text == "" and result.segments == []
+    diarized = tiny_en.transcribe([samples], DIARIZE)[0]
+    assert diarized.segments == [] and diarized.speakers == []
+
+
+@pytest.mark.parametrize("mode", ["sequential", "chunked"])
+def test_long_silence_is_not_decoded(tiny_en, spaced, mode):
+    """Audio over 30 s (voice activity on by default): the windows go to the speech only, the
+    45 s of room tone gives no text, and the text is the one decoded without it."""
+    before = tiny_en.stats.windows
+    heard = tiny_en.transcribe([spaced], TranscriptionOptions(mode=mode))[0]
+    windows = tiny_en.stats.windows - before
+    every = tiny_en.transcribe([spaced], TranscriptionOptions(mode=mode, vad=False))[0]
+    assert windows == 2 < tiny_en.stats.windows - before - windows
+    assert not [s for s in heard.segments if 12.0 < (s.start + s.end) / 2 < 56.0]
+    assert word_error_rate([every.text], [heard.text]) <= 0.05
+    assert heard.options["vad"] is None  # as asked: the default
+
+
+def test_chunked_windows_join_speech_up_to_30_s_unless_a_long_silence_parts_it():
+    assert MAX_GAP_S == 4.0
+    speech = [(0.5, 4.0), (5.0, 12.0), (16.1, 20.0), (20.5, 60.0), (61.0, 62.0)]
+    # joined; parted by 4.1 s of silence; too long to join (cut as decoded); too far to join
+    expected = [(50, 1200), (1610, 2000), (2050, 6000), (6100, 6200)]
+    assert speech_stretches(speech, 6500) == expected
+    assert speech_stretches(speech, 6000) == expected[:3]  # none past the end
+
+
+def test_a_spectrogram_cannot_be_listened_to(tiny_en, clips):
+    mel = log_mel_spectrogram(torch.from_numpy(decode_audio(clips["en_jfk"].bytes)), 80)
+    for options in (TranscriptionOptions(vad=True), DIARIZE):
+        with pytest.raises(OptionsError, match="need audio"):
+            tiny_en.transcribe([mel.numpy()], options)
+    assert not tiny_en.busy
