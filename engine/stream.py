@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.diarize import Recording, Turn, attribute, speaker_turns, talk_times
+from engine.diarize import Recording, Turn, attribute, talk_times
 from engine.inputs import MelSource, Prepared, sources
 from engine.longform import REQUESTS, Request, Window
 from engine.mel import SAMPLE_RATE
@@ -374,8 +374,8 @@ class Stream(Streaming):
         return {a.slot: times for a, times in zip(asking, timed, strict=True)}
 
     def _diarize(self, entries: list[_Input]) -> dict[Hashable, list[Turn]]:
-        """owner -> speaker turns, for inputs that asked: their windows embedded together, on
-        the stream's device."""
+        """owner -> speaker turns, for inputs that asked, from the engine's backend (the
+        built-in one embeds all their windows together, on the stream's device)."""
         if not entries:
             return {}
         recordings = [
@@ -383,7 +383,7 @@ class Stream(Streaming):
             for e in entries
             for r in [e.request]
         ]
-        turns = speaker_turns(recordings, str(self.engine.loaded.device))
+        turns = self.engine.diarize(recordings)
         return {e.owner: t for e, t in zip(entries, turns, strict=True)}
 
     def _result(self, entry: _Input, turns: list[Turn] | None = None) -> Transcription:

@@ -11,10 +11,10 @@ of the same voices) are embedded once; each threshold of the grid clusters them 
 threshold chosen is the one with the lowest mean DER on the first set (ties: the most right
 speaker counts, then the middle of the tied range); the second set is scored at it, unseen.
 
-With --transcribe, each conversation is also transcribed (the engine's defaults, with word
-timestamps) and each word given the speaker of its turn (`engine.diarize.speaker_at`): each
-speaker's WER (the found speakers mapped to the true ones as DER maps them), and the words
-whose middle falls in a stretch without speech.
+With --transcribe, each conversation is also transcribed with the option diarize, as a job
+that asks for it is (its speech found, every word given a speaker): each speaker's WER (the
+found speakers mapped to the true ones as DER maps them), and the words whose middle falls in
+a stretch without speech.
 """
 
 from __future__ import annotations
@@ -127,39 +127,48 @@ def main() -> int:
 
 
 def transcribed(prepared: dict[str, list[tuple]], model: str, device: str) -> None:
-    """Each conversation transcribed, its words given speakers: per-speaker WER, and the
-    words in the stretches without speech."""
+    """Each set's conversations transcribed with diarize, as a worker runs a job that asks
+    (one stream, every conversation of a set at once): each speaker's WER, the found speakers
+    mapped to the true ones as DER maps them, and the words in the stretches without speech."""
     from pyannote.metrics.diarization import DiarizationErrorRate
 
     from engine import Engine, EngineConfig, TranscriptionOptions
+    from engine.options import SpeakerCount
     from tools.wer import word_error_rate
 
     stream = Engine.open(EngineConfig(model=model, device=device))
-    print(f"\n| set | conversation | speakers | WER by speaker ({model}) | words in no speech |")
+    options = TranscriptionOptions(diarize=SpeakerCount())
+    print(f"\n| set | conversation | speakers found | WER by speaker ({model}) ", end="")
+    print("| words in no speech |")
     print("|---|---|---|---|---|")
     for name, items in prepared.items():
-        for item in tqdm(items, desc=f"transcribing {name}"):
-            conv, turns = item[0], turns_of(item, diarize.THRESHOLD)
-            (result,) = stream.transcribe(
-                [conv.samples], TranscriptionOptions(word_timestamps=True)
+        convs = [item[0] for item in items]
+        with tqdm(total=len(convs), desc=f"transcribing {name}", unit="conversation") as bar:
+            results = stream.transcribe(
+                [c.samples for c in convs],
+                options,
+                progress=lambda i, done, total: bar.update(done >= total),
             )
-            mapping = DiarizationErrorRate().optimal_mapping(*annotations(conv, turns))
+        for conv, result in zip(convs, results, strict=True):
+            words = result.words or []
+            spoken = [diarize.Turn(w.start, w.end, w.speaker) for w in words]
+            mapping = DiarizationErrorRate().optimal_mapping(*annotations(conv, spoken))
             said = {who: [] for who in conv.speakers}
             quiet = []
-            for w in result.words or []:
+            for w in words:
                 mid = (w.start + w.end) / 2
                 if any(s <= mid < e for s, e, _ in conv.no_speech):
                     quiet.append(w.word.strip())
-                who = mapping.get(diarize.speaker_at(w.start, w.end, turns))
-                if who in said:
+                if (who := mapping.get(w.speaker)) in said:
                     said[who].append(w.word)
             wers = ", ".join(
                 f"{who} {word_error_rate([conv.references[who]], [''.join(said[who])]):.0%}"
                 for who in conv.speakers
                 if who in SCORED
             )
+            found = f"{len(result.speakers)}/{len(conv.speakers)}"
             quiet_text = " ".join(quiet) or "—"
-            print(f"| {name} | {conv.name} | {len(conv.speakers)} | {wers} | {quiet_text} |")
+            print(f"| {name} | {conv.name} | {found} | {wers} | {quiet_text} |")
 
 
 if __name__ == "__main__":

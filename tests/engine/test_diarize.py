@@ -9,7 +9,9 @@ import torch
 
 from engine import diarize, speakers
 from engine.audio import decode_audio
+from engine.engine import diarizer
 from engine.options import SpeakerCount
+from engine.pyannote import DiarizationSetupError
 from engine.result import Segment, Speaker, Word
 from engine.vad import regions_of
 from tests.conftest import built_conversations
@@ -157,3 +159,23 @@ def test_a_word_belongs_to_the_turn_it_overlaps_most_else_the_nearest():
     assert diarize.speaker_at(5.5, 6.0, turns) == 1  # in a pause: the nearest turn
     assert diarize.speaker_at(7.5, 7.9, turns) == 0
     assert diarize.speaker_at(0.0, 1.0, []) is None
+
+
+def test_a_diarization_backend_configured_wrong_says_what_to_change(tmp_path):
+    """Checked as the engine opens (a worker's start), each in words."""
+    assert callable(diarizer("builtin"))
+    with pytest.raises(ValueError, match="expected builtin, or pyannote:/dir"):
+        diarizer("nemo:/models")
+    with pytest.raises(DiarizationSetupError, match="pyannote:/nowhere/at/all: no such directory"):
+        diarizer("pyannote:/nowhere/at/all")
+    with pytest.raises(DiarizationSetupError, match="not a pyannote pipeline: it has no config"):
+        diarizer(f"pyannote:{tmp_path}")
+    (tmp_path / "config.yaml").write_text("pipeline: {name: not.a.Pipeline}\n")
+    try:
+        import pyannote.audio  # noqa: F401
+    except ImportError:
+        expected = "pyannote.audio is not installed"
+    else:
+        expected = "could not be loaded as a pyannote pipeline"
+    with pytest.raises(DiarizationSetupError, match=expected):
+        diarizer(f"pyannote:{tmp_path}")

@@ -69,3 +69,12 @@ def test_retentions_are_bounded_so_redis_takes_them(settings):
     store.create(job)
     store.transition(job.id, JobStatus.succeeded)
     assert store.redis.ttl(f"whisperfleet:job:{job.id}") == MAX_RETENTION_S
+
+
+@pytest.mark.parametrize("value", ["pyannote", "pyannote:", "pyannote:models/p", "nemo:/m"])
+def test_a_diarization_backend_is_builtin_or_a_pyannote_directory(monkeypatch, value):
+    monkeypatch.setenv("WHISPERFLEET_DIARIZATION", "pyannote:/models/pyannote")
+    assert Settings().diarization == "pyannote:/models/pyannote"
+    monkeypatch.setenv("WHISPERFLEET_DIARIZATION", value)
+    with pytest.raises(ValidationError, match="expected builtin, or pyannote:/absolute/dir"):
+        Settings()

@@ -453,6 +453,7 @@ def _engine(args: argparse.Namespace, **config: object):
                 name=args.model,
                 device=device,
                 cache_dir=settings.cache_dir,
+                diarization=settings.diarization,
                 **config,
             )
         )

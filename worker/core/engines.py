@@ -51,6 +51,7 @@ class Engines:
             cross_kv=s.cross_kv,
             kernels=s.kernels,
             max_audio_s=s.max_audio_s,
+            diarization=s.diarization,
         )
 
     def batcher(self, name: str) -> Batcher:
