@@ -50,15 +50,15 @@ class Window:
 TIME_PRECISION = CHUNK_LENGTH / 1500  # seconds per timestamp token (0.02)
 
 # Voice activity (option `vad`, where the input's speech is known): a segment further than
-# SPEECH_SLACK_S from any speech is dropped (a segment's own timestamps can be that far off);
-# a sequential request's seek jumps over a silence of more than SKIP_S to LEAD_IN_S before the
-# speech after it; chunked windows join stretches of speech up to 30 s, unless a silence of
-# MAX_GAP_S or more comes between them (WhisperX joins them whatever the gap: a long silence
-# inside a window is where Whisper invents text).
+# SPEECH_SLACK_S from any speech is dropped (a segment's own timestamps can be that far off).
+# A silence of MAX_GAP_S or more is not decoded: a sequential request's seek jumps over it, and
+# chunked windows join stretches of speech up to 30 s only across shorter ones (WhisperX joins
+# them whatever the gap: a long silence inside a window is where Whisper invents text). Speech
+# after a skipped silence is decoded from LEAD_IN_S before Silero found it: it finds quiet
+# speech late (the first words of the dev set's earnings call, 2.6 s in, and LEAD_S below).
 SPEECH_SLACK_S = 0.5
-SKIP_S = 1.0
-LEAD_IN_S = 0.2
 MAX_GAP_S = 4.0
+LEAD_IN_S = 1.0
 
 # Speech a sequential request does not let a window skip (inputs whose speech is known:
 # `MelSource.speech`): a stretch of UNCOVERED_S seconds of it (pauses under BRIDGE_S bridged)
@@ -119,19 +119,20 @@ def _minus(
 def speech_stretches(speech: list[tuple[float, float]], n_frames: int) -> list[tuple[int, int]]:
     """The spans of a chunked request's windows where the speech is known, in frames: each
     stretch of speech joined to the ones after it while they fit a window together and no
-    silence of MAX_GAP_S comes between; a stretch longer than a window stays one span, cut as
-    it is decoded."""
-    out: list[tuple[int, int]] = []
+    silence of MAX_GAP_S comes between (nor before the first, from the start); one after a
+    longer silence begins LEAD_IN_S early; a stretch longer than a window stays one span, cut
+    as it is decoded."""
+    gap, lead = round(MAX_GAP_S * FRAMES_PER_SECOND), round(LEAD_IN_S * FRAMES_PER_SECOND)
+    out: list[tuple[int, int]] = [(0, 0)]  # the start of the input, as if speech ended there
     for s, e in speech:
         start, end = round(s * FRAMES_PER_SECOND), min(round(e * FRAMES_PER_SECOND), n_frames)
         if end <= start:
             continue
-        near = out and start - out[-1][1] < MAX_GAP_S * FRAMES_PER_SECOND
-        if near and end - out[-1][0] <= N_FRAMES:
+        if start - out[-1][1] < gap and end - out[-1][0] <= N_FRAMES:
             out[-1] = (out[-1][0], end)
         else:
-            out.append((start, end))
-    return out
+            out.append((max(out[-1][1], start - lead), end))
+    return [span for span in out if span[1] > span[0]]
 
 
 def split_segments(
@@ -178,12 +179,13 @@ class Request:
 
     def __post_init__(self) -> None:
         self.language = self.options.language or (None if self.tokenizer.is_multilingual else "en")
-        # voice activity: as asked, else where the speech is found anyway (audio over 30 s,
-        # inputs diarized)
+        # voice activity: as asked, else on for chunked long audio (its windows hold speech
+        # only) and for inputs diarized, where the speech is found anyway; off in sequential
+        # mode, where Silero's misses cost more than the silences it skips (docs/accuracy.md)
         vad, speech = self.options.vad, self.source.speech
         if vad is None:
-            found = self.source.duration > CHUNK_LENGTH or self.options.diarize is not None
-            vad = speech is not None and found
+            chunked = self.options.mode == "chunked" and self.source.duration > CHUNK_LENGTH
+            vad = speech is not None and (chunked or self.options.diarize is not None)
         self.vad: list[tuple[float, float]] | None = speech if vad else None
 
     @property
@@ -333,7 +335,7 @@ class SequentialRequest(Request):
         self.skip_silence()
 
     def skip_silence(self) -> None:
-        """With voice activity: a seek more than SKIP_S before the next speech moves to
+        """With voice activity: a seek MAX_GAP_S or more before the next speech moves to
         LEAD_IN_S before it; with no speech after it, to the end."""
         if self.vad is None or self.done:
             return
@@ -341,7 +343,7 @@ class SequentialRequest(Request):
         start = next((s for s, e in self.vad if e > here), None)
         if start is None:
             self.seek = self.source.n_frames
-        elif start - here > SKIP_S:
+        elif start - here >= MAX_GAP_S:
             self.seek = round((start - LEAD_IN_S) * FRAMES_PER_SECOND)
 
     @property

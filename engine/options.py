@@ -39,9 +39,9 @@ class TranscriptionOptions:
     timestamps: bool = True  # segment timestamps; without them each window is one segment
     word_timestamps: bool = False  # each segment's words, timed (engine.timing)
     # voice activity (engine.vad): stretches without speech are not decoded, chunked windows
-    # are cut at silences, and a segment with no speech under it is dropped. None: on where
-    # the speech is found anyway (audio over 30 s, inputs diarized), off for other clips and
-    # for spectrograms
+    # are cut at silences, and a segment with no speech under it is dropped. None: on for
+    # chunked audio over 30 s and for inputs diarized (their speech is found anyway), off
+    # otherwise
     vad: bool | None = None
     # who spoke when (engine.diarize): each segment and word gets a speaker; needs audio and
     # word timestamps (which it turns on)

@@ -19,7 +19,7 @@ def add_voice_flags(p: argparse.ArgumentParser) -> None:
         "--vad",
         action=argparse.BooleanOptionalAction,
         help="voice activity: skip what is not speech, drop text over none (default: on for "
-        "audio over 30 s and with --diarize)",
+        "chunked audio over 30 s and with --diarize)",
     )
     p.add_argument(
         "--diarize",

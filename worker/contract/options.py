@@ -89,9 +89,10 @@ class JobOptions(BaseModel):
         None,
         description="voice activity (Silero VAD): stretches without speech are not decoded, "
         "chunked windows are cut at silences, and a segment with no speech under it is "
-        "dropped (what Whisper makes up in silence, noise or music); omitted: on where the "
-        "speech is found anyway (audio over 30 s, as it is read; jobs with diarize), off for "
-        "other clips, where it changes little, and for spectrograms, which have no audio",
+        "dropped (what Whisper makes up in silence, noise or music); omitted: on for chunked "
+        "audio over 30 s and jobs with diarize; off in sequential mode, where the speech Silero "
+        "misses (quiet voices) costs more than the silences it skips, for short clips, and "
+        "for spectrograms, which have no audio",
     )
     diarize: bool = Field(
         False,

@@ -1,0 +1,136 @@
+"""What voice activity and diarization cost, and what voice activity saves: the same recordings
+through the engine's stream (the interface the workers drive) with `vad` off, on, and with
+`diarize`; and the two stages timed alone on the same audio.
+
+    python scripts/voice_bench.py [--audio-dir ../shared/audio/dev] [--device cuda]
+        [--model tiny.en] [--copies 16] [--runs 3] [--json out.json]
+
+The recording: the dev set's English clips one after another, each followed by room tone half
+as long as itself, so that one third of it is without speech (about 8 minutes); `--copies`
+of it go through the stream at once, as a worker's jobs would. Rows:
+
+- transcription, vad off / on: `Stream.transcribe` of every copy (sequential mode), audio
+  seconds per second (RTFx), median and range of `--runs`;
+- with diarize: the same with the option diarize (voice activity on, speakers found);
+- chunked, vad off / on: the same in chunked mode;
+- VAD alone: Silero on every copy's samples, block by block on the device, as a long input's
+  first read runs it (`engine.vad.Detector`); diarization alone: the speaker turns of every
+  copy from its speech (`engine.diarize.speaker_turns`: windows embedded together, clustered);
+  each as a share of the transcription with vad off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
+from engine.audio import decode_audio  # noqa: E402
+from engine.diarize import Recording, speaker_turns  # noqa: E402
+from engine.options import SpeakerCount  # noqa: E402
+from engine.vad import Detector, speech_regions  # noqa: E402
+from scripts.harness import spread, timed  # noqa: E402
+from tools.evaluate import read_manifest  # noqa: E402
+from tools.longform import concatenation, leveled, room_tone  # noqa: E402
+from tools.wer import word_error_rate  # noqa: E402
+
+
+def recording(audio_dir: Path) -> tuple[np.ndarray, str]:
+    """The English clips, each followed by room tone half its length: a third is silence."""
+    clips = [c for c in read_manifest(audio_dir / "manifest.jsonl") if c.language == "en"]
+    rng = np.random.default_rng(0)
+    decoded = [(leveled(decode_audio(c.path.read_bytes())), c.reference) for c in clips]
+    pauses = [room_tone(len(x) / 32000, rng) for x, _ in decoded]
+    made = concatenation("third-silence", decoded, pauses)
+    return made.samples, made.reference
+
+
+def synced(run):
+    def go():
+        out = run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return out
+
+    return go
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--audio-dir", type=Path, default=ROOT.parent / "shared" / "audio" / "dev")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--copies", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    samples, reference = recording(args.audio_dir)
+    seconds = len(samples) / 16000
+    items = [samples] * args.copies
+    audio = seconds * args.copies
+    stream = Engine.open(EngineConfig(model=args.model, device=args.device))
+    stream.warm()
+    device = str(stream.engine.loaded.device)
+    regions = speech_regions(_vad(samples, device), seconds)
+    speech = sum(e - s for s, e in regions)
+    print(
+        f"{args.model} on {torch.cuda.get_device_name() if 'cuda' in device else 'the CPU'}: "
+        f"{args.copies} x {seconds:.0f} s ({speech / seconds:.0%} speech by VAD), "
+        f"median (range) of {args.runs} runs\n"
+    )
+    rows, out = {}, {}
+    for name, options in (
+        ("transcription, vad off", TranscriptionOptions(vad=False)),
+        ("transcription, vad on", TranscriptionOptions(vad=True)),
+        ("transcription with diarize", TranscriptionOptions(diarize=SpeakerCount())),
+        ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False)),
+        ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True)),
+    ):
+        synced(lambda o=options: stream.transcribe(items[:1], o))()  # its first-time costs
+        results, times = timed(synced(lambda o=options: stream.transcribe(items, o)), args.runs)
+        wer = word_error_rate([reference], [results[0].text])
+        rows[name] = times
+        out[name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
+        print(f"  {name}: WER {wer:.1%}", file=sys.stderr)
+
+    _, vad_times = timed(synced(lambda: [_vad(x, device) for x in items]), args.runs)
+    recordings = [Recording([x], seconds, regions) for x in items]
+    _, diarize_times = timed(synced(lambda: speaker_turns(recordings, device)), args.runs)
+    rows["VAD alone"], rows["diarization alone (from the speech)"] = vad_times, diarize_times
+    base = statistics.median(rows["transcription, vad off"])
+
+    print("| run | seconds | audio s per second | share of transcription (vad off) | WER |")
+    print("|---|---|---|---|---|")
+    for name, times in rows.items():
+        rtfx = spread([audio / t for t in times], 0)
+        share = f"{statistics.median(times) / base:.1%}"
+        wer = f"{out[name]['wer']:.1%}" if name in out else "—"
+        print(f"| {name} | {spread(times)} | {rtfx} | {share} | {wer} |")
+    together = (statistics.median(vad_times) + statistics.median(diarize_times)) / base
+    print(f"\nVAD and diarization together: {together:.1%} of the transcription's time")
+    if args.json:
+        out.update(vad=vad_times, diarization=diarize_times, audio_s=audio, speech=speech)
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _vad(samples: np.ndarray, device: str) -> np.ndarray:
+    """Silero over the samples in 30 s blocks, as a long input's first read feeds it."""
+    detector = Detector(device)
+    for i in range(0, len(samples), 480000):
+        detector.feed(samples[i : i + 480000])
+    return detector.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
