@@ -11,9 +11,11 @@ is nearest. THRESHOLD was chosen on one set of built conversations and checked o
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import chain, groupby, islice, pairwise
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -27,6 +29,9 @@ STEP_S = 0.75
 THRESHOLD = 0.75  # cosine distance at which two clusters stay apart
 MIN_SPEAKER_S = 2.0  # a cluster of less speech than this joins its nearest (unless counted)
 BATCH = 256  # windows an embedding pass
+# windows clustered bottom-up at most (50 min of speech): the tree's memory and time grow with
+# their square (4 h of speech would be 19,000 windows and 1.4 GB)
+MAX_CLUSTERED = 4000
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ def cuts(blocks: Iterable[np.ndarray], spans: list[tuple[float, float]]) -> Iter
                 break
             held = np.concatenate([held, block])
         piece = held[first - start : first - start + n]
-        yield np.pad(piece, (0, n - len(piece)))
+        yield piece if len(piece) == n else np.pad(piece, (0, n - len(piece)))
 
 
 def embed(samples: np.ndarray, spans: list[tuple[float, float]], device: str = "cpu") -> np.ndarray:
@@ -84,7 +89,24 @@ def embed_cuts(pieces: Iterable[np.ndarray], device: str = "cpu") -> np.ndarray:
 def cluster(
     embeddings: np.ndarray, count: SpeakerCount, threshold: float = THRESHOLD
 ) -> np.ndarray:
-    """A speaker index for each embedding, 0, 1, ... in order of first appearance."""
+    """A speaker index for each embedding, 0, 1, ... in order of first appearance. Over
+    MAX_CLUSTERED windows, an even sample of them is clustered and every window joins the
+    nearest centroid of the speakers found."""
+    n = len(embeddings)
+    if n <= MAX_CLUSTERED:
+        return _first_appearance(_cluster(embeddings, count, threshold, 1.0))
+    picked = np.linspace(0, n - 1, MAX_CLUSTERED).round().astype(int)
+    sampled = _cluster(embeddings[picked], count, threshold, n / MAX_CLUSTERED)
+    keys = np.unique(sampled)
+    centroids = np.stack([embeddings[picked][sampled == k].mean(0) for k in keys])
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
+    return _first_appearance(np.argmax(embeddings @ centroids.T, axis=1))
+
+
+def _cluster(
+    embeddings: np.ndarray, count: SpeakerCount, threshold: float, weight: float
+) -> np.ndarray:
+    """Bottom-up clustering; `weight`: windows each one stands for (a sample's)."""
     from scipy.cluster.hierarchy import fcluster, linkage
 
     n = len(embeddings)
@@ -92,25 +114,26 @@ def cluster(
         return np.zeros(n, int)
     tree = linkage(embeddings, method="average", metric="cosine")
     if count.speakers is not None:
-        labels = fcluster(tree, min(count.speakers, n), "maxclust")
-    else:
-        labels = fcluster(tree, threshold, "distance")
-        labels = _merge_small(embeddings, labels)
-        found = len(set(labels))
-        want = min(max(found, count.min_speakers), count.max_speakers or found, n)
-        if want != found:
-            labels = fcluster(tree, want, "maxclust")
+        return fcluster(tree, min(count.speakers, n), "maxclust")
+    labels = _merge_small(embeddings, fcluster(tree, threshold, "distance"), weight)
+    found = len(set(labels))
+    want = min(max(found, count.min_speakers), count.max_speakers or found, n)
+    return fcluster(tree, want, "maxclust") if want != found else labels
+
+
+def _first_appearance(labels: np.ndarray) -> np.ndarray:
+    """The labels renamed 0, 1, ... in order of first appearance."""
     _, first = np.unique(labels, return_index=True)
     order = {labels[i]: k for k, i in enumerate(sorted(first))}
-    return np.array([order[x] for x in labels])
+    return np.array([order[x] for x in labels], dtype=int)
 
 
-def _merge_small(embeddings: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def _merge_small(embeddings: np.ndarray, labels: np.ndarray, weight: float) -> np.ndarray:
     """Move the windows of clusters with less than MIN_SPEAKER_S of speech to the nearest
     large cluster (by centroid): a cough, a laugh or a noisy window is no new speaker."""
     keys, sizes = np.unique(labels, return_counts=True)
-    small = keys[sizes * STEP_S < MIN_SPEAKER_S]
-    large = keys[sizes * STEP_S >= MIN_SPEAKER_S]
+    seconds = sizes * weight * STEP_S
+    small, large = keys[seconds < MIN_SPEAKER_S], keys[seconds >= MIN_SPEAKER_S]
     if not len(small) or not len(large):
         return labels
     centroids = np.stack([embeddings[labels == k].mean(0) for k in large])
@@ -191,15 +214,21 @@ def diarize(
 
 def speaker_at(start: float, end: float, turns: list[Turn]) -> int | None:
     """The speaker of [start, end) (a word, a segment): the turn overlapping it most, else the
-    nearest turn; None without turns."""
+    nearest turn; None without turns. Turns in order, without overlap (an hour's 40,000 words
+    against its thousands of turns: a search, not a scan)."""
     if not turns:
         return None
-    overlap = [min(end, t.end) - max(start, t.start) for t in turns]
-    best = max(range(len(turns)), key=overlap.__getitem__)
-    if overlap[best] > 0:
-        return turns[best].speaker
-    distance = [max(t.start - end, start - t.end) for t in turns]
-    return turns[min(range(len(turns)), key=distance.__getitem__)].speaker
+    after = bisect_right(turns, end, key=attrgetter("start"))  # turns[:after] start by `end`
+    best, most, i = None, 0.0, after - 1
+    while i >= 0 and turns[i].end > start:  # the turns over it, back from the last
+        overlap = min(end, turns[i].end) - max(start, turns[i].start)
+        if overlap > 0 and overlap >= most:
+            best, most = turns[i], overlap
+        i -= 1
+    if best is None:
+        near = turns[max(0, after - 1) : after + 1]
+        best = min(near, key=lambda t: max(t.start - end, start - t.end))
+    return best.speaker
 
 
 def label(speaker: int) -> str:

@@ -146,7 +146,11 @@ class Engine:
             raise OptionsError(f"min_tokens {options.min_tokens}: expected 0 or more")
         if not 0 <= options.seed < SEED_LIMIT:
             raise OptionsError(f"seed {options.seed}: expected 0 <= seed < 2**63")
-        if options.diarize and not options.word_timestamps:  # speakers are given word by word
+        threshold = options.hallucination_silence_threshold
+        if threshold is not None and not threshold >= 0:
+            raise OptionsError(f"hallucination_silence_threshold {threshold}: expected 0 or more")
+        # speakers are given word by word; made-up segments are told by their words
+        if (options.diarize or threshold is not None) and not options.word_timestamps:
             return dataclasses.replace(options, word_timestamps=True)
         return options
 

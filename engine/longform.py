@@ -135,6 +135,24 @@ def speech_stretches(speech: list[tuple[float, float]], n_frames: int) -> list[t
     return [span for span in out if span[1] > span[0]]
 
 
+# openai-whisper's marks that are not words (`transcribe.punctuation`)
+PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
+
+
+def is_anomaly(segment: Segment) -> bool:
+    """openai-whisper's test of a segment that may be made up: its first eight words (marks
+    left out) improbable (under 0.15), very short (under 0.133 s) or very long (over 2 s)."""
+    words = [w for w in segment.words or () if w.word not in PUNCTUATION][:8]
+    if not words:
+        return False
+    score = 0.0
+    for w in words:
+        duration = w.end - w.start
+        score += (w.probability < 0.15) + max(0.0, 0.133 - duration) * 15
+        score += max(0.0, duration - 2.0)
+    return score >= 3 or score + 0.01 >= len(words)
+
+
 def split_segments(
     tokens: list[int], tokenizer: Tokenizer, window: Window
 ) -> tuple[list[Piece], int]:
@@ -393,6 +411,7 @@ class SequentialRequest(Request):
         self.outstanding = False
         silence = self.options.is_silence(result)
         asked = times if self.options.word_timestamps else None
+        speech_before = self.speech_end
         if silence:
             segments, advance = [], window.size
         else:
@@ -405,6 +424,18 @@ class SequentialRequest(Request):
             # last timestamp, which would decode again what is kept)
             last_word = round((ends[-1] - window.offset) * FRAMES_PER_SECOND)
             advance = min(max(advance, last_word), window.size)
+        threshold = self.options.hallucination_silence_threshold
+        if threshold is not None and segments and asked is not None:
+            single_ending = [t >= self.tokenizer.timestamp_begin for t in result.tokens[-2:]]
+            segments, advance, skip = self.unhallucinated(
+                window, segments, advance, single_ending == [False, True], threshold, speech_before
+            )
+            kept = [w.end for s in segments for w in s.words or ()]
+            self.speech_end = kept[-1] if kept else speech_before
+            if skip:  # a window that may be all hallucination: past the silence, from there
+                self.seek += max(advance, 1)
+                self.skip_silence()
+                return
         missed = None
         if self.speech and (silence or times is not None):
             timed = (
@@ -438,6 +469,56 @@ class SequentialRequest(Request):
             or result.temperature > self.options.prompt_reset_on_temperature
         ):
             self.prompt_reset_since = len(self.all_tokens)
+
+    def unhallucinated(
+        self,
+        window: Window,
+        segments: list[Segment],
+        advance: int,
+        single_ending: bool,
+        threshold: float,
+        last_end: float,
+    ) -> tuple[list[Segment], int, bool]:
+        """openai-whisper's `hallucination_silence_threshold`: where a segment looks made up
+        (`is_anomaly`) and silence of `threshold` seconds or more (by its words' times) comes
+        before and after it, it and what follows are dropped and the seek goes to it; a window
+        whose first segment looks made up after such a silence is skipped up to it (True).
+        `last_end`: where speech ended before the window. Returns the segments kept, the
+        frames to advance, and whether to skip the window."""
+        offset, content = window.offset, window.size / FRAMES_PER_SECOND
+        window_end = offset + content
+        ends = [w.end for s in segments for w in s.words or ()]
+        if not single_ending and ends and ends[-1] > offset:
+            if window_end - ends[-1] > threshold:
+                advance = round((ends[-1] - offset) * FRAMES_PER_SECOND)
+            else:
+                advance = window.size
+        worded = [s for s in segments if s.words]
+        if worded and is_anomaly(worded[0]) and worded[0].start - offset > threshold:
+            return [], round((worded[0].start - offset) * FRAMES_PER_SECOND), True
+        for i, segment in enumerate(segments):
+            if not segment.words:
+                continue
+            after = next((s for s in segments[i + 1 :] if s.words), None)
+            if is_anomaly(segment):
+                next_start = after.words[0].start if after else offset + content
+                before = (
+                    segment.start - last_end > threshold
+                    or segment.start < threshold
+                    or segment.start - offset < 2.0
+                )
+                following = (
+                    next_start - segment.end > threshold
+                    or (after is not None and is_anomaly(after))
+                    or window_end - segment.end < 2.0
+                )
+                if before and following:
+                    seek = round(max(offset + 1, segment.start) * FRAMES_PER_SECOND)
+                    if self.source.duration - segment.end < threshold:
+                        seek = self.source.n_frames
+                    return segments[:i], seek - window.seek, False
+            last_end = segment.end
+        return segments, advance, False
 
     @staticmethod
     def retimed(segments: list[Segment], timed: list[Segment]) -> list[Segment]:

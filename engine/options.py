@@ -60,6 +60,11 @@ class TranscriptionOptions:
     initial_prompt: str | None = None  # text given as if it preceded the audio
     # a window tried hotter than this goes without the context, and so do the windows after it
     prompt_reset_on_temperature: float = 0.5
+    # sequential, with word timestamps (which it turns on): a segment that looks made up
+    # (improbable, too short or too long words) with silence of this many seconds or more
+    # before and after it is dropped, the seek moved past the silence (openai-whisper's
+    # option of the same name); None: off
+    hallucination_silence_threshold: float | None = None
     # sequential, where the input's speech is known (audio over 30 s: engine.vad): speech a
     # window leaves without a segment is decoded again from where it starts (engine.longform)
     cover_speech: bool = True

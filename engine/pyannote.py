@@ -76,7 +76,10 @@ class PyannoteDiarizer:
             output, "speaker_diarization", output
         )
         labels: dict[str, int] = {}
-        out = []
+        out: list[Turn] = []
         for segment, _, label in sorted(annotation.itertracks(yield_label=True)):
-            out.append(Turn(segment.start, segment.end, labels.setdefault(label, len(labels))))
+            # turns in order without overlap, as `engine.diarize.speaker_at` takes them
+            start = max(segment.start, out[-1].end if out else 0.0)
+            if segment.end > start:
+                out.append(Turn(start, segment.end, labels.setdefault(label, len(labels))))
         return out

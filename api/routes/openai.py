@@ -42,7 +42,16 @@ OPENAI_MODEL = "whisper-1"  # OpenAI's name for Whisper: here, the server's defa
 FORMATS = tuple(WRITERS)  # json, verbose_json, text, srt, vtt
 GRANULARITIES = "timestamp_granularities[]"
 # whisperfleet's options a client may add to OpenAI's fields (the SDKs' `extra_body`)
-EXTRA_FIELDS = frozenset({"vad", "diarize", "speakers", "min_speakers", "max_speakers"})
+EXTRA_FIELDS = frozenset(
+    {
+        "vad",
+        "hallucination_silence_threshold",
+        "diarize",
+        "speakers",
+        "min_speakers",
+        "max_speakers",
+    }
+)
 # a job that failed for its input answers 422 (the client raises UnprocessableEntityError);
 # any other failure (internal, poison, expired, ...) answers 500 with the job's own code
 INPUT_ERRORS = frozenset(
@@ -223,8 +232,8 @@ async def create_transcription(
     """OpenAI's transcription endpoint: the audio's text in its own language. Fields: `file`,
     `model` (`whisper-1`: the default model), `language`, `prompt`, `response_format` (json,
     verbose_json, text, srt, vtt), `temperature`, `timestamp_granularities[]` (segment, word);
-    and whisperfleet's own `vad`, `diarize`, `speakers`, `min_speakers`, `max_speakers`
-    (docs/api.md; `extra_body` in OpenAI's SDKs).
+    and whisperfleet's own `vad`, `hallucination_silence_threshold`, `diarize`, `speakers`,
+    `min_speakers`, `max_speakers` (docs/api.md; `extra_body` in OpenAI's SDKs).
 
     Waits for the job (queued at `interactive` priority); past the server's wait, 202 with
     the job and a `Location` to poll. A job that fails for its input answers 422 with the

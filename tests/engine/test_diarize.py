@@ -159,6 +159,28 @@ def test_a_word_belongs_to_the_turn_it_overlaps_most_else_the_nearest():
     assert diarize.speaker_at(5.5, 6.0, turns) == 1  # in a pause: the nearest turn
     assert diarize.speaker_at(7.5, 7.9, turns) == 0
     assert diarize.speaker_at(0.0, 1.0, []) is None
+    assert diarize.speaker_at(0.5, 8.6, turns) == 1  # a segment over all three: 3 s in turn 1
+    assert diarize.speaker_at(-2.0, -1.0, turns) == 0 and diarize.speaker_at(10, 11, turns) == 0
+
+
+def test_the_turn_a_word_belongs_to_is_found_as_a_scan_of_every_turn_finds_it():
+    def scanned(start, end, turns):
+        overlap = [min(end, t.end) - max(start, t.start) for t in turns]
+        best = max(range(len(turns)), key=overlap.__getitem__)
+        if overlap[best] > 0:
+            return turns[best].speaker
+        distance = [max(t.start - end, start - t.end) for t in turns]
+        return turns[min(range(len(turns)), key=distance.__getitem__)].speaker
+
+    rng = np.random.default_rng(3)
+    bounds = np.cumsum(rng.uniform(0.1, 3.0, 400))
+    turns = [
+        diarize.Turn(float(a + rng.uniform(0, 0.5 * (b - a))), float(b), int(rng.integers(4)))
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    for start in rng.uniform(-5, bounds[-1] + 5, 2000):
+        end = start + rng.uniform(0.01, 20.0)
+        assert diarize.speaker_at(start, end, turns) == scanned(start, end, turns)
 
 
 def test_a_diarization_backend_configured_wrong_says_what_to_change(tmp_path):
@@ -179,3 +201,33 @@ def test_a_diarization_backend_configured_wrong_says_what_to_change(tmp_path):
         expected = "could not be loaded as a pyannote pipeline"
     with pytest.raises(DiarizationSetupError, match=expected):
         diarizer(f"pyannote:{tmp_path}")
+
+
+def test_hours_of_windows_are_clustered_from_a_sample_of_them():
+    """Over MAX_CLUSTERED windows (50 min of speech) the tree is built on an even sample and
+    every window joins its nearest speaker: three voices' windows, each where it belongs."""
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((3, 192))
+    truth = np.repeat([0, 1, 2, 0], [2500, 2000, 1500, 1000])  # 7,000 windows: 87 min
+    e = centres[truth] + 0.8 * rng.standard_normal((len(truth), 192))
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    labels = diarize.cluster(e, SpeakerCount())
+    assert len(truth) > diarize.MAX_CLUSTERED and labels[0] == 0
+    assert np.array_equal(labels, truth)
+    assert set(diarize.cluster(e, SpeakerCount(speakers=2))) == {0, 1}
+
+
+@pytest.mark.requires_cuda
+def test_on_a_gpu_half_precision_embeds_as_fp32(conversation):
+    """CAM++ runs in fp16 on CUDA: each window's embedding within 1e-3 of fp32's cosine, and
+    the conversation's diarization as good as on the CPU."""
+    regions = regions_of(conversation.samples)
+    spans = diarize.windows(regions, conversation.duration)
+    cuts = torch.from_numpy(np.stack(list(diarize.cuts([conversation.samples], spans)))).cuda()
+    model = speakers.load("cuda")
+    half, full = model(cuts).cpu(), model(cuts, half=False).cpu()
+    assert ((half * full).sum(dim=1) > 1 - 1e-3).all()
+    on_gpu = diarize.diarize(conversation.samples, regions, device="cuda")
+    on_cpu = diarize.diarize(conversation.samples, regions)
+    assert {t.speaker for t in on_gpu} == {0, 1, 2}
+    assert der(conversation, on_gpu) <= der(conversation, on_cpu) + 0.005

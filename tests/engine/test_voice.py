@@ -8,9 +8,10 @@ import torch
 from engine import OptionsError, TranscriptionOptions
 from engine.audio import decode_audio
 from engine.diarize import speaker_at
-from engine.longform import LEAD_IN_S, MAX_GAP_S, speech_stretches
+from engine.longform import LEAD_IN_S, MAX_GAP_S, is_anomaly, speech_stretches
 from engine.mel import log_mel_spectrogram
 from engine.options import SpeakerCount
+from engine.result import Segment, Word
 from tests.conftest import built_conversations
 from tools.conversations import no_speech
 from tools.longform import leveled, room_tone
@@ -133,3 +134,30 @@ def test_a_spectrogram_cannot_be_listened_to(tiny_en, clips):
         with pytest.raises(OptionsError, match="need audio"):
             tiny_en.transcribe([mel.numpy()], options)
     assert not tiny_en.busy
+
+
+def test_a_made_up_word_between_silences_is_dropped_as_openai_whisper_drops_it(tiny_en, clips):
+    """hallucination_silence_threshold: tiny.en makes a word of 8 s of a tone, improbable and
+    between silences: with the threshold it goes (and the window is skipped), where real speech
+    keeps every word."""
+    tone = no_speech("tone", 8.0, np.random.default_rng(1))
+    plain = tiny_en.transcribe([tone], TranscriptionOptions(word_timestamps=True))[0]
+    assert plain.text  # what the option is for
+    assert is_anomaly(plain.segments[0])
+    guarded = TranscriptionOptions(hallucination_silence_threshold=2.0)
+    assert tiny_en.transcribe([tone], guarded)[0].segments == []
+    jfk = decode_audio(clips["en_jfk"].bytes)
+    kept = tiny_en.transcribe([jfk], guarded)[0]
+    assert kept.text == tiny_en.transcribe([jfk])[0].text and kept.words
+
+
+def test_an_anomaly_is_openai_whispers():
+    def segment(*words):
+        timed = [Word(w, s, e, p) for w, s, e, p in words]
+        return Segment(0, 0.0, 9.0, "", [], -1.0, 1.0, 0.1, 0.0, timed)
+
+    assert is_anomaly(segment((" you", 5.0, 6.0, 0.1)))  # improbable: 1 for 1 word
+    assert not is_anomaly(segment((" you", 5.0, 6.0, 0.4)))
+    assert is_anomaly(segment((" so", 0.0, 5.0, 0.9), (" la", 5.0, 6.0, 0.9)))  # 3 s too long
+    assert not is_anomaly(segment((" so", 0.0, 1.0, 0.1), (" la", 1.0, 2.0, 0.9)))  # 1 of 2
+    assert is_anomaly(segment((" a", 0.0, 0.01, 0.9), (".", 0.01, 0.5, 0.9)))  # marks left out

@@ -44,6 +44,7 @@ STORED = {
         "timestamps": True,
         "word_timestamps": False,
         "vad": None,
+        "hallucination_silence_threshold": None,
         "diarize": False,
         "speakers": None,
         "min_speakers": None,

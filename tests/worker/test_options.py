@@ -42,6 +42,7 @@ def test_defaults_and_the_options_part():
         "timestamps": True,
         "word_timestamps": False,
         "vad": None,
+        "hallucination_silence_threshold": None,
         "diarize": False,
         "speakers": None,
         "min_speakers": None,

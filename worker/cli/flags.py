@@ -14,12 +14,19 @@ SPEAKER_FLAGS = (
 
 
 def add_voice_flags(p: argparse.ArgumentParser) -> None:
-    """--vad / --no-vad, --diarize and the speaker counts."""
+    """--vad / --no-vad, --hallucination-silence-threshold, --diarize and the speaker
+    counts."""
     p.add_argument(
         "--vad",
         action=argparse.BooleanOptionalAction,
         help="voice activity: skip what is not speech, drop text over none (default: on for "
         "chunked audio over 30 s and with --diarize)",
+    )
+    p.add_argument(
+        "--hallucination-silence-threshold",
+        type=float,
+        metavar="SECONDS",
+        help="sequential: drop a segment that looks made up between silences this long",
     )
     p.add_argument(
         "--diarize",
@@ -33,4 +40,5 @@ def add_voice_flags(p: argparse.ArgumentParser) -> None:
 
 def voice_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The job option fields those flags set (None: not given)."""
-    return {name: getattr(args, name) for name in ("vad", "diarize", *dict(SPEAKER_FLAGS))}
+    names = ("vad", "hallucination_silence_threshold", "diarize", *dict(SPEAKER_FLAGS))
+    return {name: getattr(args, name) for name in names}

@@ -94,6 +94,15 @@ class JobOptions(BaseModel):
         "misses (quiet voices) costs more than the silences it skips, for short clips, and "
         "for spectrograms, which have no audio",
     )
+    hallucination_silence_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=60,
+        description="sequential mode: a segment that looks made up (improbable, too short or "
+        "too long words) with at least this many seconds of silence before and after it is "
+        "dropped and the silence skipped, as openai-whisper's option of the same name; turns "
+        "word timestamps on; omitted: off",
+    )
     diarize: bool = Field(
         False,
         description="who spoke when: each segment and word gets a `speaker` (SPEAKER_00, "

@@ -48,6 +48,7 @@ def engine_options(options: JobOptions, data: bytes) -> TranscriptionOptions:
         timestamps=options.timestamps,
         word_timestamps=options.word_timestamps or options.diarize,
         vad=options.vad,
+        hallucination_silence_threshold=options.hallucination_silence_threshold,
         diarize=SpeakerCount(options.speakers, options.min_speakers or 1, options.max_speakers)
         if options.diarize
         else None,
