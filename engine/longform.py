@@ -328,6 +328,19 @@ class Request:
         """Where speech last ended before this window (word timestamps' first-word fix)."""
         return window.offset
 
+    @staticmethod
+    def past_words(window: Window, segments: list[Segment], advance: int) -> int:
+        """Frames to advance: the text after the last complete timestamp is decoded again
+        from there, but with word timestamps not from inside a word already given (as in
+        openai-whisper, the next window starts where the last word ended; here never earlier
+        than the last timestamp, which would decode again what is kept). A window whose
+        timestamps end seconds before its words would otherwise give its last words twice."""
+        ends = [w.end for s in segments for w in s.words or ()]
+        if not ends or advance >= window.size:
+            return advance
+        last_word = round((ends[-1] - window.offset) * FRAMES_PER_SECOND)
+        return min(max(advance, last_word), window.size)
+
 
 class SequentialRequest(Request):
     """openai-whisper's seek, and one rule more where the input's speech is known (option
@@ -416,14 +429,7 @@ class SequentialRequest(Request):
             segments, advance = [], window.size
         else:
             segments, advance = self._segments(window, result, asked)
-        ends = [w.end for s in segments for w in s.words or ()]
-        if ends and advance < window.size:
-            # the text after the last complete timestamp is decoded again from there; with
-            # word timestamps, not from inside a word already given (as in openai-whisper,
-            # the next window starts where the last word ended; here never earlier than the
-            # last timestamp, which would decode again what is kept)
-            last_word = round((ends[-1] - window.offset) * FRAMES_PER_SECOND)
-            advance = min(max(advance, last_word), window.size)
+        advance = self.past_words(window, segments, advance)
         threshold = self.options.hallucination_silence_threshold
         if threshold is not None and segments and asked is not None:
             single_ending = [t >= self.tokenizer.timestamp_begin for t in result.tokens[-2:]]
@@ -634,7 +640,7 @@ class ChunkedRequest(Request):
     def accept(self, window: Window, result: WindowResult, times: TokenTimes | None = None) -> None:
         self.pending -= 1
         segments, advance = self._segments(window, result, times)
-        advance = max(advance, 1)
+        advance = max(self.past_words(window, segments, advance), 1)
         self.decoded_frames += min(advance, window.size)
         self.by_seek[window.seek] = segments
         if advance < window.size:

@@ -340,8 +340,9 @@ def _fit(
         first = replace(first, start=max(0.0, first.end - longest))
     if start < first.end and start - 0.5 > first.start:
         first = replace(first, start=max(0.0, min(first.end - median, start)))
-    else:
-        start = first.start
+    # the segment starts with its first word (openai-whisper keeps its timestamp where the
+    # word was cut back to a median's length, which can leave the word starting before it)
+    start = first.start
     words = [first, *([second] if second is not None else []), *words[2:]]
     last = words[-1]
     if end > last.start and end + 0.5 < last.end:
