@@ -61,9 +61,9 @@ class PyannoteDiarizer:
         return [self.turns(r) for r in recordings]
 
     def turns(self, recording: Recording) -> list[Turn]:
-        samples = np.concatenate(list(recording.blocks) or [np.zeros(0, np.float32)])
         if not recording.regions:  # no speech: no turns, as the built-in pipeline
             return []
+        samples = np.concatenate(list(recording.blocks))
         count = recording.count
         output = self.pipeline(
             {"waveform": torch.from_numpy(samples)[None], "sample_rate": SAMPLE_RATE},
