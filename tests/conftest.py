@@ -20,6 +20,23 @@ from worker.contract.settings import Settings
 from worker.local import s3_server
 
 DATA = Path(__file__).parent / "data"
+# a job's options at their defaults as records and results store them: every key, in order
+STORED_OPTIONS = {
+    "language": None,
+    "task": "transcribe",
+    "mode": "sequential",
+    "prompt": None,
+    "timestamps": True,
+    "word_timestamps": False,
+    "vad": None,
+    "hallucination_silence_threshold": None,
+    "diarize": False,
+    "speakers": None,
+    "min_speakers": None,
+    "max_speakers": None,
+    "temperature": None,
+    "seed": None,
+}
 # the three voices of tests/data, of which conversations are built (tools.conversations)
 VOICES = {
     "jfk": ["en_jfk.flac"],

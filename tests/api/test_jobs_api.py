@@ -11,6 +11,7 @@ import soundfile as sf
 from fastapi.testclient import TestClient
 
 from api.main import create_app
+from tests.conftest import STORED_OPTIONS
 from worker.contract.jobs import JobStatus, JobStore
 from worker.contract.options import JobCreate
 from worker.contract.presence import Presence
@@ -50,22 +51,7 @@ def test_submit_stores_input_records_job_and_queues_it(client, settings, clips):
     assert response.status_code == 202, response.text
     job = response.json()
     assert job["status"] == "queued" and job["model"] == "tiny.en" and job["attempts"] == 0
-    assert job["options"] == {
-        "language": "en",
-        "task": "transcribe",
-        "mode": "sequential",
-        "prompt": None,
-        "timestamps": True,
-        "word_timestamps": False,
-        "vad": None,
-        "hallucination_silence_threshold": None,
-        "diarize": False,
-        "speakers": None,
-        "min_speakers": None,
-        "max_speakers": None,
-        "temperature": None,
-        "seed": None,
-    }
+    assert job["options"] == {**STORED_OPTIONS, "language": "en"}
     assert job["input"] == {
         "kind": "audio",
         "bytes": len(clip.bytes),
@@ -325,19 +311,10 @@ def test_a_multilingual_model_takes_any_language_and_translates(client, clips):
     response = submit(client, clips["fr_fleurs_000"].bytes, **fields)
     assert response.status_code == 202, response.text
     assert response.json()["options"] == {
+        **STORED_OPTIONS,
         "language": "fr",
         "task": "translate",
-        "mode": "sequential",
-        "prompt": None,
         "timestamps": False,
-        "word_timestamps": False,
-        "vad": None,
-        "hallucination_silence_threshold": None,
-        "diarize": False,
-        "speakers": None,
-        "min_speakers": None,
-        "max_speakers": None,
-        "temperature": None,
         "seed": 42,
     }
 

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from tests.conftest import STORED_OPTIONS
 from worker.contract.formats import WRITERS, GranularityError, format_timestamp
 from worker.contract.results import TranscriptResult
 
@@ -36,22 +37,7 @@ STORED = {
         },
     ],
     "model": "tiny.en",
-    "options": {
-        "language": None,
-        "task": "transcribe",
-        "mode": "sequential",
-        "prompt": None,
-        "timestamps": True,
-        "word_timestamps": False,
-        "vad": None,
-        "hallucination_silence_threshold": None,
-        "diarize": False,
-        "speakers": None,
-        "min_speakers": None,
-        "max_speakers": None,
-        "temperature": None,
-        "seed": None,
-    },
+    "options": STORED_OPTIONS,
     "seed": 1234567890123,
 }
 RESULT = TranscriptResult.model_validate(STORED)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import STORED_OPTIONS
 from worker.contract.jobs import QUEUES
 from worker.contract.options import (
     MAX_SPEAKERS,
@@ -34,22 +35,7 @@ def test_defaults_and_the_options_part():
     job = JobCreate.parse({})
     assert job.model is None and job.priority == "interactive" and job.input is None
     assert job.options == JobOptions()
-    assert job.options.model_dump() == {
-        "language": None,
-        "task": "transcribe",
-        "mode": "sequential",
-        "prompt": None,
-        "timestamps": True,
-        "word_timestamps": False,
-        "vad": None,
-        "hallucination_silence_threshold": None,
-        "diarize": False,
-        "speakers": None,
-        "min_speakers": None,
-        "max_speakers": None,
-        "temperature": None,
-        "seed": None,
-    }
+    assert job.options.model_dump() == STORED_OPTIONS
 
 
 def test_form_strings_become_typed_values():
