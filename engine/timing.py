@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.dtw import paths
 from engine.loader import LoadedModel
 from engine.mel import FRAMES_PER_SECOND
 from engine.model import CrossWeights, KVCache
@@ -97,8 +98,8 @@ class WordTiming:
 class Aligner:
     """Times the words of finished windows of one model."""
 
-    def __init__(self, loaded: LoadedModel):
-        self.m = loaded
+    def __init__(self, loaded: LoadedModel, triton: bool = False):
+        self.m, self.triton = loaded, triton  # triton: the path search in one kernel a pass
         self.heads = alignment_heads(loaded)
 
     @torch.inference_mode()
@@ -150,9 +151,9 @@ class Aligner:
             text = torch.tensor(w.tokens, device=device)[:, None]
             p = logits[k, first : first + len(w.tokens), : tok.eot].float().softmax(dim=-1)
             probabilities.append(p.gather(1, text)[:, 0])
-        host = [m.double().cpu().numpy() for m in matrices]
+        found = paths([-m for m in matrices], self.triton)
         host_p = [p.cpu().numpy() for p in probabilities]
-        return [TokenTimes.of(dtw(-m), p) for m, p in zip(host, host_p, strict=True)]
+        return [TokenTimes.of(path, p) for path, p in zip(found, host_p, strict=True)]
 
 
 def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -162,33 +163,6 @@ def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
         return x
     x = F.pad(x, (pad, pad), mode="reflect")
     return x.unfold(-1, width, 1).sort()[0][..., pad]
-
-
-def dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The cheapest monotonic path through costs x (tokens, frames), as (token indices, frame
-    indices) in order: openai-whisper's recurrence and tie-breaking, a token's row at a time.
-    Within a row, cost[i, j] = x[i, j] + min(cost[i-1, j-1], cost[i-1, j], cost[i, j-1])
-    unrolls into a running minimum over prefix sums, so each row is a few array operations."""
-    n, m = x.shape
-    cost = np.full((n + 1, m + 1), np.inf)
-    cost[0, 0] = 0.0
-    trace = np.full((n + 1, m + 1), 2, dtype=np.int8)  # 0: diagonal, 1: up, 2: left
-    for i in range(1, n + 1):
-        above = cost[i - 1]
-        diagonal_or_up = np.minimum(above[:-1], above[1:])
-        sums = np.concatenate(([0.0], np.cumsum(x[i - 1])))
-        cost[i, 1:] = np.minimum.accumulate(diagonal_or_up - sums[:-1]) + sums[1:]
-        c0, c1, c2 = above[:-1], above[1:], cost[i, :-1]
-        trace[i, 1:] = np.where((c0 < c1) & (c0 < c2), 0, np.where((c1 < c0) & (c1 < c2), 1, 2))
-    trace[:, 0] = 1
-    trace[0, :] = 2
-    i, j, path = n, m, []
-    while i > 0 or j > 0:
-        path.append((i - 1, j - 1))
-        step = trace[i, j]
-        i, j = (i - 1, j - 1) if step == 0 else (i - 1, j) if step == 1 else (i, j - 1)
-    tokens, frames = np.array(path[::-1]).T
-    return tokens, frames
 
 
 def split_words(

@@ -7,6 +7,7 @@ kernels are first imported): slow, but the same source, indexing and masking.
 import copy
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from engine.kernels.attention import (  # noqa: E402
     torch_decode_attention,
     triton_decode_attention,
 )
+from engine.kernels.dtw import dtw, triton_paths  # noqa: E402
 from engine.kernels.greedy import GreedyRules  # noqa: E402
 from engine.kernels.linear import (  # noqa: E402
     STREAM,
@@ -33,6 +35,22 @@ from engine.kernels.store import torch_store_kv, triton_store_kv  # noqa: E402
 from engine.loader import random_tokenizer  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [[(1, 1)], [(7, 1), (1, 7)], [(12, 40), (30, 90), (25, 25), (5, 60)], [(90, 1500), (3, 1499)]],
+)
+def test_the_dtw_kernel_finds_the_hosts_paths(shapes):
+    """Every window of a pass searched at once, each of its own size: the host's path, ties
+    broken alike (random costs, and costs with many equal cells)."""
+    rng = np.random.default_rng(len(shapes))
+    for draw in (rng.normal, lambda size: rng.integers(0, 3, size).astype(np.float32)):
+        costs = [draw(size=s) for s in shapes]
+        found = triton_paths([torch.from_numpy(c).to(DEVICE) for c in costs])
+        for cost, ours in zip(costs, found, strict=True):
+            theirs = dtw(cost.astype(np.float64))
+            assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

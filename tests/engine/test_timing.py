@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from engine import timing
+from engine.kernels.dtw import dtw
 from engine.options import TranscriptionOptions
 from engine.timing import (
     WordTiming,
     alignment_heads,
-    dtw,
     median_filter,
     merge_punctuation,
     split_words,
