@@ -14,11 +14,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from itertools import chain, groupby, islice, pairwise
+from itertools import chain, groupby, pairwise
 from operator import attrgetter
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from engine.options import SpeakerCount
 from engine.result import Segment, Speaker
@@ -28,7 +29,7 @@ WINDOW_S = 1.5
 STEP_S = 0.75
 THRESHOLD = 0.75  # cosine distance at which two clusters stay apart
 MIN_SPEAKER_S = 2.0  # a cluster of less speech than this joins its nearest (unless counted)
-BATCH = 256  # windows an embedding pass
+BATCH = 1024  # windows an embedding pass (2.7 GB of activations on a GPU; Embedder.forward)
 # windows clustered bottom-up at most (50 min of speech): the tree's memory and time grow with
 # their square (4 h of speech would be 19,000 windows and 1.4 GB)
 MAX_CLUSTERED = 4000
@@ -55,35 +56,55 @@ def windows(regions: list[tuple[float, float]], duration: float) -> list[tuple[f
     return sorted(out)
 
 
-def cuts(blocks: Iterable[np.ndarray], spans: list[tuple[float, float]]) -> Iterator[np.ndarray]:
+def cuts(
+    blocks: Iterable[np.ndarray], spans: list[tuple[float, float]], device: str = "cpu"
+) -> Iterator[torch.Tensor]:
     """The WINDOW_S of samples from each span's start (spans in order of start), read from an
-    input's 16 kHz samples block by block: an hour's recording is read again without being
-    held (its windows overlap, so cutting them all first would hold it twice)."""
+    input's 16 kHz samples block by block, as (windows, samples) tensors on `device`, a few
+    windows at a time: an hour's recording is read again without being held, and crosses to a
+    GPU once, as its blocks (its windows overlap: cut on the host, twice its speech would be
+    copied there and sent). The windows whole in what is held are gathered in one copy."""
     n = round(WINDOW_S * SAMPLE_RATE)
-    source, held, start = iter(blocks), np.zeros(0, np.float32), 0  # start: held[0]'s index
-    for s, _ in spans:
-        first = round(s * SAMPLE_RATE)
-        while True:
-            drop = min(max(0, first - start), len(held))
-            held, start = held[drop:], start + drop
-            if start + len(held) >= first + n or (block := next(source, None)) is None:
-                break
-            held = np.concatenate([held, block])
-        piece = held[first - start : first - start + n]
-        yield piece if len(piece) == n else np.pad(piece, (0, n - len(piece)))
+    starts = [round(s * SAMPLE_RATE) for s, _ in spans]
+    held, start, at = torch.zeros(0, device=device), 0, 0  # start: held[0]'s index in the input
+    for block in chain(blocks if starts else [], [None]):  # none to cut: nothing read
+        if block is not None:
+            block = torch.from_numpy(np.ascontiguousarray(block, dtype=np.float32))
+            held = torch.cat([held, block.to(device)])
+            last = bisect_right(starts, start + len(held) - n, lo=at)  # the windows held whole
+        else:  # the end: the rest, zero-padded past it
+            last = len(starts)
+            if last > at:
+                held = F.pad(held, (0, max(0, starts[-1] - start + n - len(held))))
+        if last > at:
+            offsets = torch.tensor(starts[at:last], device=device) - start
+            yield held.unfold(0, n, 1).index_select(0, offsets)
+            at = last
+        if at == len(starts):  # every window cut: the rest is not read
+            return
+        drop = min(starts[at] - start, len(held))
+        held, start = held[drop:], start + drop
 
 
 def embed(samples: np.ndarray, spans: list[tuple[float, float]], device: str = "cpu") -> np.ndarray:
     """(len(spans), 192) unit embeddings of WINDOW_S spans of 16 kHz samples."""
-    return embed_cuts(cuts([samples], spans), device)
+    return embed_cuts(cuts([samples], spans, device), device)
 
 
-def embed_cuts(pieces: Iterable[np.ndarray], device: str = "cpu") -> np.ndarray:
-    """(n, 192) unit embeddings of equal-length pieces of samples, BATCH a pass."""
-    model, out, pieces = load(str(device)), [np.zeros((0, 192), np.float32)], iter(pieces)
-    while batch := list(islice(pieces, BATCH)):
-        out.append(model(torch.from_numpy(np.stack(batch)).to(device)).cpu().numpy())
-    return np.concatenate(out)
+def embed_cuts(cut: Iterable[torch.Tensor], device: str = "cpu") -> np.ndarray:
+    """(n, 192) unit embeddings of the rows of (windows, samples) tensors on `device`, BATCH
+    rows a pass, read back once: the host queues each pass while the device runs the one
+    before."""
+    model, out, rows = load(str(device)), [torch.zeros(0, 192, device=device)], []
+    for windows in chain(cut, [None]):
+        if windows is not None:
+            rows.append(windows)
+        held = sum(map(len, rows))
+        while held >= BATCH or (windows is None and held):
+            batch = torch.cat(rows)
+            out.append(model(batch[:BATCH]))
+            rows, held = [batch[BATCH:]], held - min(held, BATCH)
+    return torch.cat(out).cpu().numpy()
 
 
 def cluster(
@@ -192,7 +213,9 @@ def speaker_turns(
     """Speaker turns of each recording; the windows of all of them embedded together, BATCH a
     pass (a worker diarizes the inputs that finish in the same step at once)."""
     spans = [windows(r.regions, r.duration) for r in recordings]
-    pieces = chain.from_iterable(cuts(r.blocks, s) for r, s in zip(recordings, spans, strict=True))
+    pieces = chain.from_iterable(
+        cuts(r.blocks, s, device) for r, s in zip(recordings, spans, strict=True)
+    )
     embeddings = np.split(embed_cuts(pieces, device), np.cumsum([len(s) for s in spans])[:-1])
     return [
         turns(r.regions, s, cluster(e, r.count, threshold))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -118,21 +119,23 @@ class _StreamedMel(MelSource):
     def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float):
         self.n_mels, self._audio = n_mels, audio
         log10_max, n_frames, n_samples = -math.inf, 0, 0
-        voice = Detector(device)
 
-        def counted(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        def counted(blocks: Iterator[np.ndarray], voice: Detector) -> Iterator[np.ndarray]:
             nonlocal n_samples
             for block in within_limit(blocks, max_s, audio.format):
                 n_samples += len(block)
                 voice.feed(block)
                 yield block
 
-        for frames in stream_log10_mel(counted(audio.blocks()), n_mels, device):  # first pass
-            log10_max = max(log10_max, frames.max().item())
-            n_frames += frames.shape[1]
+        with own_stream(device):  # first pass
+            voice = Detector(device)
+            for frames in stream_log10_mel(counted(audio.blocks(), voice), n_mels, device):
+                log10_max = max(log10_max, frames.max().item())
+                n_frames += frames.shape[1]
+            probs = voice.finish()
         self.log10_max, self.n_frames = log10_max, n_frames
         self.duration = n_samples / SAMPLE_RATE
-        self.speech = speech_regions(voice.finish(), self.duration)
+        self.speech = speech_regions(probs, self.duration)
         self.floor = (log10_max - 8.0 + 4.0) / 4.0
         self._frames: Iterator[torch.Tensor] = stream_log10_mel(audio.blocks(), n_mels, device)
         self._held = torch.zeros(n_mels, 0, device=device)
@@ -154,6 +157,27 @@ class _StreamedMel(MelSource):
                 break
             self._held = torch.cat([self._held, _normalize(frames, self.log10_max)], dim=1)
         return _padded(self._held if self._start == seek else self._held[:, :0])
+
+
+@contextmanager
+def own_stream(device: torch.device | str) -> Iterator[None]:
+    """On CUDA, the device work inside on a stream of its own, waited for at the end: a long
+    input's first pass (log-mel and voice activity, read back block by block) and a
+    diarization run, on their own threads, neither wait for the decode steps queued on the
+    default stream nor keep them waiting, and several run at once. (Silero's LSTM steps
+    through an input's 32 ms chunks in order, a few microseconds each, and fills a sliver of
+    the GPU: 16 long inputs one after another took 0.9 s of an H100.) Only what stays inside
+    may be used inside: the stream waits for the default stream's work queued before it, and
+    results leave through the host."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream(device)  # one of torch's pool of streams, reused in turn
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
 
 
 def open_audio(

@@ -58,7 +58,10 @@ def _constants(n_mels: int, device: torch.device) -> tuple[torch.Tensor, torch.T
     """The STFT window and mel filters on `device`, made once: each copy to a GPU costs a
     host-device round trip per clip."""
     filters = torch.from_numpy(mel_filters(n_mels)).to(device, torch.float32)
-    return torch.hann_window(N_FFT, device=device), filters
+    window = torch.hann_window(N_FFT, device=device)
+    if window.is_cuda:  # shared by every thread's stream (engine.inputs.own_stream): whole
+        torch.cuda.current_stream(window.device).synchronize()  # before another reads them
+    return window, filters
 
 
 def log_mel_spectrogram(audio: torch.Tensor, n_mels: int) -> torch.Tensor:

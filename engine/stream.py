@@ -8,9 +8,14 @@ re-decodes only the window that needs it, in its slot, from the K/V already proj
 words of a finished window whose input asks for them are timed (`engine.timing`) from those
 K/V too, before the slot is freed.
 
+An input that asks for its speakers (`diarize`) is handed on, once its last window is decoded,
+to the stream's diarizing thread, which reads its audio again and finds its speakers on a CUDA
+stream of its own while decode steps go on; the inputs handed on while it runs are diarized
+together next, their windows embedded in one pass.
+
 `submit` inputs as they come, call `step` while `busy`; each step hands back the inputs whose
-last window it decoded. `abort` takes an input out and frees its slots. `transcribe` runs an
-idle stream over a fixed list of inputs.
+last window it decoded, and those whose speakers were found since. `abort` takes an input out
+and frees its slots. `transcribe` runs an idle stream over a fixed list of inputs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import operator
 import os
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 
 from engine.diarize import Recording, Turn, attribute, talk_times
-from engine.inputs import MelSource, Prepared, sources
+from engine.inputs import MelSource, Prepared, own_stream, sources
 from engine.longform import REQUESTS, Request, Window
 from engine.mel import SAMPLE_RATE
 from engine.options import OptionsError, TranscriptionOptions
@@ -47,6 +52,9 @@ if TYPE_CHECKING:
 Progress = Callable[[float, float], None]  # (seconds done, seconds in all)
 _ORDER = operator.attrgetter("order")
 PREPARE_THREADS = 8  # threads `transcribe` decodes its inputs on, at most
+# a step with no window to decode waits this long for a diarization to end (and no longer: the
+# worker's batcher admits new inputs between steps)
+SPEAKERS_WAIT_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,8 @@ class StreamStats:
 @dataclass(frozen=True)
 class Finished:
     owner: Hashable
-    transcription: Transcription
+    transcription: Transcription | None
+    error: Exception | None = None  # this input alone failed (finding its speakers)
 
 
 @dataclass(eq=False)
@@ -131,7 +140,10 @@ class Streaming:
         results: dict[Hashable, Transcription] = {}
         try:
             while self.busy:
-                results.update((f.owner, f.transcription) for f in self.step())
+                for f in self.step():
+                    if f.error is not None:
+                        raise f.error
+                    results[f.owner] = f.transcription
         except BaseException:
             self.reset()
             raise
@@ -155,6 +167,10 @@ class Stream(Streaming):
         # handed out leaves, and comes back when one of them is decoded
         self._polling: list[_Input] = []
         self._waiting: list[tuple[_Input, Window]] = []  # ready windows that did not fit yet
+        self._asking: list[_Input] = []  # decoded, their speakers to be found next
+        # the inputs whose speakers are being found, on the diarizing thread
+        self._diarizing: tuple[list[_Input], Future[list[Transcription]]] | None = None
+        self._diarizer: ThreadPoolExecutor | None = None  # that thread, once an input asks
 
     def prepare(self, item: Input) -> Prepared:
         """Validate and decode one input on the calling thread; see `Engine.prepare`."""
@@ -185,11 +201,12 @@ class Stream(Streaming):
 
     def abort(self, owner: Hashable) -> bool:
         """Take an input out of the stream (between steps): its windows leave their slots and
-        it is never handed back. False if it was not in the stream."""
+        it is never handed back (nor its speakers, if they are being found). False if it was
+        not in the stream."""
         entry = self._inputs.pop(owner, None)
         if entry is None:
             return False
-        for group in (self._new, self._polling, self._done):
+        for group in (self._new, self._polling, self._done, self._asking):
             if entry in group:
                 group.remove(entry)
         self._waiting = [(e, w) for e, w in self._waiting if e is not entry]
@@ -205,6 +222,8 @@ class Stream(Streaming):
         self._polling.clear()
         self._done.clear()
         self._waiting.clear()
+        self._asking.clear()
+        self._diarizing = None  # what is being found is dropped as it ends
 
     def shrink(self) -> bool:
         """Drop every input and halve the pool of slots (after running out of device memory);
@@ -219,17 +238,21 @@ class Stream(Streaming):
     @torch.inference_mode()
     def step(self) -> list[Finished]:
         """Launch decode steps, admit ready windows while the GPU runs them, then hand back the
-        inputs whose last window was decoded."""
+        inputs whose last window was decoded (those asking for speakers go to the diarizing
+        thread) and those whose speakers were found."""
         runner = self._runner
         start = time.perf_counter()
         self._open()
         finished, self._done = self._done, []
+        diarizing = len(self._asking) + (len(self._diarizing[0]) if self._diarizing else 0)
+        if len(self._inputs) == len(finished) + diarizing:  # nothing left to decode
+            return self._hand_back(finished, SPEAKERS_WAIT_S)
         opened = time.perf_counter()
         runner.launch()  # the GPU decodes while the host admits ready windows
         launched = time.perf_counter()
         windows = self._admit()
         admitted = time.perf_counter()
-        if runner.n_live == 0 and len(self._inputs) > len(finished):
+        if runner.n_live == 0:
             raise RuntimeError("no window is ready, yet some inputs are not done")
         decoded = runner.collect()
         self.stats += StreamStats(
@@ -258,10 +281,40 @@ class Stream(Streaming):
             else:
                 self._poll(entry)
         runner.compact()
+        return self._hand_back(finished, 0.0)
+
+    def _hand_back(self, finished: list[_Input], wait_s: float) -> list[Finished]:
+        """The finished inputs' results, those asking for speakers handed on to the diarizing
+        thread; and the results of earlier ones whose speakers were found, waiting up to
+        `wait_s` for one."""
+        out = []
         for entry in finished:
-            del self._inputs[entry.owner]
-        speakers = self._diarize([e for e in finished if e.options.diarize])
-        return [Finished(e.owner, self._result(e, speakers.get(e.owner))) for e in finished]
+            if entry.options.diarize:
+                self._asking.append(entry)
+            else:
+                del self._inputs[entry.owner]
+                out.append(Finished(entry.owner, self._result(entry)))
+        self._diarize_next()
+        if wait_s and self._diarizing:
+            wait([self._diarizing[1]], wait_s)
+        if self._diarizing and self._diarizing[1].done():
+            (batch, future), self._diarizing = self._diarizing, None
+            error = future.exception()
+            results = [None] * len(batch) if error else future.result()
+            for entry, result in zip(batch, results, strict=True):
+                if self._inputs.get(entry.owner) is entry:  # not aborted meanwhile
+                    del self._inputs[entry.owner]
+                    out.append(Finished(entry.owner, result, error))
+            self._diarize_next()
+        return out
+
+    def _diarize_next(self) -> None:
+        """Hand the inputs waiting for their speakers to the diarizing thread, if it is free."""
+        if self._asking and self._diarizing is None:
+            if self._diarizer is None:
+                self._diarizer = ThreadPoolExecutor(1, thread_name_prefix="diarize")
+            batch, self._asking = self._asking, []
+            self._diarizing = (batch, self._diarizer.submit(self._diarized, batch))
 
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Pay the first-time costs before the first input does: capture the graphs an input
@@ -368,23 +421,24 @@ class Stream(Streaming):
         if not asking:
             return {}
         if self._aligner is None:
-            self._aligner = Aligner(self.engine.loaded)
+            self._aligner = Aligner(self.engine.loaded, self.engine.triton)
         timed = self._aligner.align(self._runner.slots.cache, asking)
         self.stats += StreamStats(timed=len(asking))
         return {a.slot: times for a, times in zip(asking, timed, strict=True)}
 
-    def _diarize(self, entries: list[_Input]) -> dict[Hashable, list[Turn]]:
-        """owner -> speaker turns, for inputs that asked, from the engine's backend (the
-        built-in one embeds all their windows together, on the stream's device)."""
-        if not entries:
-            return {}
+    @torch.inference_mode()
+    def _diarized(self, entries: list[_Input]) -> list[Transcription]:
+        """On the diarizing thread: the results of decoded inputs, with their speakers from the
+        engine's backend (the built-in one embeds all their windows together, on the stream's
+        device). Their requests are done: no step touches them any more."""
         recordings = [
             Recording(r.source.samples(), r.source.duration, r.source.speech, e.options.diarize)
             for e in entries
             for r in [e.request]
         ]
-        turns = self.engine.diarize(recordings)
-        return {e.owner: t for e, t in zip(entries, turns, strict=True)}
+        with own_stream(self.engine.loaded.device):
+            turns = self.engine.diarize(recordings)
+        return [self._result(e, t) for e, t in zip(entries, turns, strict=True)]
 
     def _result(self, entry: _Input, turns: list[Turn] | None = None) -> Transcription:
         r, tok = entry.request, self.engine.loaded.tokenizer

@@ -96,7 +96,10 @@ def load(device: str = "cpu") -> SileroVAD:
         weights[name] = tensor
     model = SileroVAD()
     model.load_state_dict(weights)
-    return model.eval().to(device)
+    model = model.eval().to(device)
+    if model.lstm.weight_hh_l0.is_cuda:  # shared by every thread's stream: whole before
+        torch.cuda.current_stream(device).synchronize()  # another reads it (own_stream)
+    return model
 
 
 class Detector:

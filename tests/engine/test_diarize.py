@@ -71,9 +71,12 @@ def test_cuts_read_block_by_block_are_the_spans_samples(clips):
     spans = diarize.windows(regions_of(samples), len(samples) / 16000) + [(10.5, 12.0)]
     blocks = [samples[i : i + 7777] for i in range(0, len(samples), 7777)]
     n = round(diarize.WINDOW_S * 16000)
-    for (s, _), cut in zip(spans, diarize.cuts(blocks, spans), strict=True):
+    cut = torch.cat(list(diarize.cuts(blocks, spans)))
+    for (s, _), window in zip(spans, cut, strict=True):
         whole = samples[round(s * 16000) :][:n]
-        assert np.array_equal(cut, np.pad(whole, (0, n - len(whole))))
+        assert np.array_equal(window.numpy(), np.pad(whole, (0, n - len(whole))))
+    read = []
+    assert list(diarize.cuts((read.append(b) or b for b in blocks), [])) == [] and not read
 
 
 def test_recordings_diarized_together_are_each_alone(conversation):
@@ -223,7 +226,7 @@ def test_on_a_gpu_half_precision_embeds_as_fp32(conversation):
     the conversation's diarization as good as on the CPU."""
     regions = regions_of(conversation.samples)
     spans = diarize.windows(regions, conversation.duration)
-    cuts = torch.from_numpy(np.stack(list(diarize.cuts([conversation.samples], spans)))).cuda()
+    cuts = torch.stack(list(diarize.cuts([conversation.samples], spans, "cuda")))
     model = speakers.load("cuda")
     half, full = model(cuts).cpu(), model(cuts, half=False).cpu()
     assert ((half * full).sum(dim=1) > 1 - 1e-3).all()

@@ -1,6 +1,8 @@
 """Voice activity and speakers through the stream (options `vad` and `diarize`), on tiny.en and
 real voices: the text of speech only, each word with who spoke it."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -80,6 +82,78 @@ def test_inputs_finishing_together_are_diarized_as_alone(tiny_en, conversation, 
     alone = [tiny_en.transcribe([x], DIARIZE)[0] for x in (conversation.samples, jfk)]
     assert [who(r) for r in together] == [who(r) for r in alone]
     assert [s.speaker for s in alone[1].speakers] == ["SPEAKER_00"]
+
+
+class Held:
+    """The engine's diarization, held until released: what a long recording's takes."""
+
+    def __init__(self, engine):
+        self.diarize, self.entered, self.release = (
+            engine.diarize,
+            threading.Event(),
+            threading.Event(),
+        )
+
+    def __call__(self, recordings):
+        self.entered.set()
+        assert self.release.wait(60)
+        return self.diarize(recordings)
+
+
+def steps_until(stream, condition):
+    finished = {}
+    while not condition(finished):
+        finished.update((f.owner, f) for f in stream.step())
+    return finished
+
+
+def test_decoding_goes_on_while_speakers_are_found(tiny_en, conversation, clips, monkeypatch):
+    """An input's speakers are found on the stream's diarizing thread: while they are, another
+    input is decoded to its end and handed back; then the first comes back with its speakers,
+    as found alone."""
+    alone = tiny_en.transcribe([conversation.samples], DIARIZE)[0]
+    held = Held(tiny_en.engine)
+    monkeypatch.setattr(tiny_en.engine, "diarize", held)
+    tiny_en.submit("talk", tiny_en.prepare(conversation.samples), DIARIZE)
+    steps_until(tiny_en, lambda _: held.entered.is_set())
+    tiny_en.submit("jfk", tiny_en.prepare(clips["en_jfk"].bytes))
+    finished = steps_until(tiny_en, lambda f: "jfk" in f)
+    assert "ask not" in finished["jfk"].transcription.text.lower() and "talk" not in finished
+    assert tiny_en.busy and tiny_en.owners == ["talk"]
+    held.release.set()
+    finished = steps_until(tiny_en, lambda f: not tiny_en.busy)
+    assert who(finished["talk"].transcription) == who(alone)
+
+
+def test_a_failed_diarization_fails_its_input_alone(tiny_en, conversation, clips, monkeypatch):
+    def broken(recordings):
+        raise OSError("the recording could not be read again")
+
+    monkeypatch.setattr(tiny_en.engine, "diarize", broken)
+    tiny_en.submit("talk", tiny_en.prepare(conversation.samples), DIARIZE)
+    tiny_en.submit("jfk", tiny_en.prepare(clips["en_jfk"].bytes), DIARIZE)
+    tiny_en.submit("plain", tiny_en.prepare(clips["en_jfk"].bytes))
+    finished = steps_until(tiny_en, lambda f: not tiny_en.busy)
+    for owner in ("talk", "jfk"):  # they finished in different steps: each its own error
+        assert isinstance(finished[owner].error, OSError) and not finished[owner].transcription
+    assert finished["plain"].error is None and "ask not" in finished["plain"].transcription.text
+    with pytest.raises(OSError, match="read again"):
+        tiny_en.transcribe([conversation.samples], DIARIZE)
+    assert not tiny_en.busy
+
+
+def test_an_input_aborted_while_its_speakers_are_found_never_comes_back(
+    tiny_en, conversation, monkeypatch
+):
+    held = Held(tiny_en.engine)
+    monkeypatch.setattr(tiny_en.engine, "diarize", held)
+    tiny_en.submit("talk", tiny_en.prepare(conversation.samples), DIARIZE)
+    steps_until(tiny_en, lambda _: held.entered.is_set())
+    assert tiny_en.abort("talk") and not tiny_en.busy
+    held.release.set()
+    tiny_en.submit("again", tiny_en.prepare(conversation.samples), DIARIZE)
+    finished = steps_until(tiny_en, lambda f: not tiny_en.busy)
+    assert list(finished) == ["again"] and finished["again"].transcription.speakers
 
 
 def who(result):

@@ -170,6 +170,9 @@ class Batcher:
                     metrics.ENGINE_BUSY.inc(time.perf_counter() - start)
                     self._count(stream.stats - before)
                     for f in finished:
+                        if f.error is not None:
+                            self._fail_one(f.owner, f.error)
+                            continue
                         metrics.AUDIO_SECONDS.inc(f.transcription.duration)
                         f.owner.future.set_result(f.transcription)
                 elif self._warming and not self._pending:
@@ -189,8 +192,8 @@ class Batcher:
         tickets = set(stream.owners) | set(ready)
         if isinstance(error, torch.AcceleratorError) and self.on_device_fault:
             self.on_device_fault(error)  # the process decides (worker.jobs.lifecycle ends it)
-        retry = True
-        if isinstance(error, torch.OutOfMemoryError):
+        retry, oom = True, isinstance(error, torch.OutOfMemoryError)
+        if oom:
             retry = stream.shrink()  # decode fewer windows at once rather than fail the jobs
             if retry:
                 slots = stream.engine.n_slots
@@ -200,7 +203,18 @@ class Batcher:
             stream.reset()
         for ticket in tickets:
             if not ticket.future.done():
-                oom = isinstance(error, torch.OutOfMemoryError)
-                failure = EngineFailed(f"the engine failed: {error!r}", retry, oom)
-                failure.__cause__ = error
-                ticket.future.set_exception(failure)
+                ticket.future.set_exception(_failure(error, retry, oom))
+
+    def _fail_one(self, ticket: Ticket, error: Exception) -> None:
+        """One input failed alone (finding its speakers, after its windows were decoded): the
+        others go on."""
+        if isinstance(error, torch.AcceleratorError) and self.on_device_fault:
+            self.on_device_fault(error)
+        log.error("engine error in one input: %r", error, exc_info=error)
+        ticket.future.set_exception(_failure(error, retry=True))
+
+
+def _failure(error: Exception, retry: bool, oom: bool = False) -> EngineFailed:
+    failure = EngineFailed(f"the engine failed: {error!r}", retry, oom)
+    failure.__cause__ = error
+    return failure
