@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine import TranscriptionOptions
+from engine.options import SpeakerCount
 from engine.runner import Runner
 from tests.conftest import open_stream
 from worker.core.batching import Batcher
@@ -70,6 +71,34 @@ def test_an_engine_error_fails_the_inputs_in_flight_and_the_next_ones_run(clips,
     again = [batcher.submit(stream.prepare(d), TranscriptionOptions(), True) for d in data]
     assert "ask not" in again[0].future.result(timeout=60).text.lower()
     assert again[1].future.result(timeout=60).text
+
+
+def test_a_failed_diarization_fails_its_job_alone(clips, monkeypatch):
+    """Speakers are found after an input's windows are decoded: a failure there fails that
+    input (to be retried), and the others in flight, and the next, run on."""
+    stream = open_stream("tiny.en", slots=8)
+    batcher = Batcher(stream, batch_size=2, max_wait_s=0.05)
+    broken = [True]
+    diarize = stream.engine.diarize
+
+    def diarize_once_broken(recordings):
+        if broken:
+            broken.clear()
+            raise OSError("the recording could not be read again")
+        return diarize(recordings)
+
+    monkeypatch.setattr(stream.engine, "diarize", diarize_once_broken)
+    item = stream.prepare(clips["en_jfk"].bytes)
+    speakers = TranscriptionOptions(diarize=SpeakerCount())
+    asking = batcher.submit(item, speakers, True)
+    lj = stream.prepare(clips["en_ljspeech_LJ050-0131"].bytes)
+    plain = batcher.submit(lj, TranscriptionOptions(), True)
+    with pytest.raises(EngineFailed, match="could not be read again") as failed:
+        asking.future.result(timeout=60)
+    assert failed.value.retry and not failed.value.oom
+    assert plain.future.result(timeout=60).text
+    again = batcher.submit(item, speakers, True).future.result(timeout=60)
+    assert [s.speaker for s in again.speakers] == ["SPEAKER_00"]
 
 
 def test_a_gpu_fault_goes_to_the_handler_the_process_gave(clips, monkeypatch):
