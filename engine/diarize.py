@@ -211,7 +211,7 @@ def speaker_turns(
     recordings: list[Recording], device: str = "cpu", threshold: float = THRESHOLD
 ) -> list[list[Turn]]:
     """Speaker turns of each recording; the windows of all of them embedded together, BATCH a
-    pass (a worker diarizes the inputs that finish in the same step at once)."""
+    pass (a stream diarizes together the inputs that finish while it diarizes others)."""
     spans = [windows(r.regions, r.duration) for r in recordings]
     pieces = chain.from_iterable(
         cuts(r.blocks, s, device) for r, s in zip(recordings, spans, strict=True)

@@ -11,12 +11,16 @@ of it go through the stream at once, as a worker's jobs would. Rows:
 
 - transcription, vad off / on: `Stream.transcribe` of every copy (sequential mode), audio
   seconds per second (RTFx), median and range of `--runs`;
-- with diarize: the same with the option diarize (voice activity on, speakers found);
+- word timestamps: the same with word timestamps (vad on), which diarize turns on;
+- with diarize: the same with the option diarize (voice activity on, words timed, speakers
+  found on the stream's diarizing thread);
 - chunked, vad off / on: the same in chunked mode;
-- VAD alone: Silero on every copy's samples, block by block on the device, as a long input's
-  first read runs it (`engine.vad.Detector`); diarization alone: the speaker turns of every
-  copy from its speech (`engine.diarize.speaker_turns`: windows embedded together, clustered);
-  each as a share of the transcription with vad off.
+- VAD alone: Silero on every copy's samples, block by block on the device
+  (`engine.vad.Detector`), as long inputs' first reads run it: PREPARE_THREADS at once, each
+  on a CUDA stream of its own (`engine.inputs.own_stream`); and one after another on the
+  default stream, as they ran before (2026-12-06); diarization alone: the speaker turns of
+  every copy from its speech (`engine.diarize.speaker_turns`: windows embedded together,
+  clustered); each as a share of the transcription with vad off.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import json
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +41,9 @@ sys.path.insert(0, str(ROOT))
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.diarize import Recording, speaker_turns  # noqa: E402
+from engine.inputs import own_stream  # noqa: E402
 from engine.options import SpeakerCount  # noqa: E402
+from engine.stream import PREPARE_THREADS  # noqa: E402
 from engine.vad import Detector, speech_regions  # noqa: E402
 from scripts.harness import spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
@@ -92,21 +99,29 @@ def main() -> int:
     for name, options in (
         ("transcription, vad off", TranscriptionOptions(vad=False)),
         ("transcription, vad on", TranscriptionOptions(vad=True)),
-        ("transcription with diarize", TranscriptionOptions(diarize=SpeakerCount())),
+        ("word timestamps (vad on)", TranscriptionOptions(vad=True, word_timestamps=True)),
+        ("with diarize", TranscriptionOptions(diarize=SpeakerCount())),
         ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False)),
         ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True)),
     ):
         synced(lambda o=options: stream.transcribe(items[:1], o))()  # its first-time costs
+        before = stream.stats
         results, times = timed(synced(lambda o=options: stream.transcribe(items, o)), args.runs)
+        windows = (stream.stats - before).windows // args.runs
         wer = word_error_rate([reference], [results[0].text])
         rows[name] = times
         out[name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
-        print(f"  {name}: WER {wer:.1%}", file=sys.stderr)
+        out[name]["windows"] = windows
+        print(f"  {name}: WER {wer:.1%}, {windows} windows a run", file=sys.stderr)
 
-    _, vad_times = timed(synced(lambda: [_vad(x, device) for x in items]), args.runs)
+    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
+        _, vad_times = timed(synced(lambda: list(pool.map(_own_vad(device), items))), args.runs)
+    _, serial_times = timed(synced(lambda: [_vad(x, device) for x in items]), args.runs)
     recordings = [Recording([x], seconds, regions) for x in items]
     _, diarize_times = timed(synced(lambda: speaker_turns(recordings, device)), args.runs)
-    rows["VAD alone"], rows["diarization alone (from the speech)"] = vad_times, diarize_times
+    rows["VAD alone (first passes at once, own streams)"] = vad_times
+    rows["VAD alone (one after another, default stream)"] = serial_times
+    rows["diarization alone (from the speech)"] = diarize_times
     base = statistics.median(rows["transcription, vad off"])
 
     print("| run | seconds | audio s per second | share of transcription (vad off) | WER |")
@@ -117,11 +132,24 @@ def main() -> int:
         wer = f"{out[name]['wer']:.1%}" if name in out else "—"
         print(f"| {name} | {spread(times)} | {rtfx} | {share} | {wer} |")
     together = (statistics.median(vad_times) + statistics.median(diarize_times)) / base
-    print(f"\nVAD and diarization together: {together:.1%} of the transcription's time")
+    print(f"\nVAD and diarization alone together: {together:.1%} of the transcription's time")
+    words, diarized = (
+        statistics.median(rows[k]) for k in ("word timestamps (vad on)", "with diarize")
+    )
+    print(f"diarize over word timestamps in the stream: {(diarized - words) / base:+.1%}")
     if args.json:
-        out.update(vad=vad_times, diarization=diarize_times, audio_s=audio, speech=speech)
+        out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
+        out.update(audio_s=audio, speech=speech)
         args.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _own_vad(device: str):
+    def run(samples: np.ndarray) -> np.ndarray:
+        with own_stream(device):
+            return _vad(samples, device)
+
+    return run
 
 
 def _vad(samples: np.ndarray, device: str) -> np.ndarray:

@@ -80,7 +80,7 @@ def test_cuts_read_block_by_block_are_the_spans_samples(clips):
 
 
 def test_recordings_diarized_together_are_each_alone(conversation):
-    """A worker diarizes the inputs finishing in one step in one embedding pass."""
+    """A stream diarizes the inputs that finished meanwhile in one embedding pass."""
     conv, regions = conversation, regions_of(conversation.samples)
     half = conv.samples[: len(conv.samples) // 2]
     alone = [diarize.diarize(conv.samples, regions), diarize.diarize(half, regions_of(half))]
