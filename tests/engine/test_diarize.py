@@ -93,6 +93,19 @@ def test_recordings_diarized_together_are_each_alone(conversation):
     assert together == alone
 
 
+def test_windows_cut_in_pieces_are_embedded_batch_by_batch_as_in_one(conversation, monkeypatch):
+    """Windows come a block's worth at a time and go BATCH a pass: a pass that takes the end of
+    one piece and the start of the next embeds each window as one pass of all of them."""
+    spans = diarize.windows(regions_of(conversation.samples), conversation.duration)
+    samples = conversation.samples
+    blocks = [samples[i : i + 40000] for i in range(0, len(samples), 40000)]
+    whole = diarize.embed(samples, spans)
+    monkeypatch.setattr(diarize, "BATCH", 7)
+    pieces = list(diarize.cuts(blocks, spans))
+    assert len(pieces) > 3 and len(whole) % 7
+    assert np.allclose(diarize.embed_cuts(pieces), whole, atol=1e-5)
+
+
 def test_a_segment_is_cut_where_its_words_change_speaker(tiny_en):
     """Each part keeps its words, their text and the text tokens that decode to them."""
     tok = tiny_en.engine.loaded.tokenizer
