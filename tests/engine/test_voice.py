@@ -10,7 +10,13 @@ import torch
 from engine import OptionsError, TranscriptionOptions
 from engine.audio import decode_audio
 from engine.diarize import speaker_at
-from engine.longform import LEAD_IN_S, MAX_GAP_S, is_anomaly, speech_stretches
+from engine.longform import (
+    LEAD_IN_S,
+    MAX_GAP_S,
+    is_anomaly,
+    speech_stretches,
+    words_in_speech,
+)
 from engine.mel import log_mel_spectrogram
 from engine.options import SpeakerCount
 from engine.result import Segment, Word
@@ -200,6 +206,33 @@ def test_chunked_windows_join_speech_up_to_30_s_unless_a_long_silence_parts_it()
     assert speech_stretches(speech, 6500) == expected
     assert speech_stretches(speech, 6000) == expected[:3]  # none past the end
     assert speech_stretches([(9.0, 10.0)], 2000) == [(800, 1000)]  # a long silence first
+
+
+def test_words_are_kept_to_the_speech():
+    """A word timed into a stretch without speech comes back to the speech: cut back to the
+    stretch it overlaps most, or, wholly outside, moved to the nearer edge with no more time
+    than it had, sharing what it then overlaps with the word beside it; its segment follows its
+    words."""
+    speech = [(1.0, 3.0), (5.0, 6.0), (10.0, 12.0)]
+    starts, ends = [s for s, _ in speech], [e for _, e in speech]
+
+    def segment(*spans):
+        words = [Word(f" w{i}", s, e, 0.9) for i, (s, e) in enumerate(spans)]
+        text = "".join(w.word for w in words)
+        return Segment(0, spans[0][0], spans[-1][1], text, [], -0.2, 1.1, 0.01, 0.0, words)
+
+    inside = segment((1.2, 1.5), (1.6, 2.9))
+    assert words_in_speech(inside, starts, ends) is inside  # nothing to move
+    kept = words_in_speech(segment((0.2, 1.4), (2.5, 5.4), (5.5, 6.8)), starts, ends)
+    assert [(w.start, w.end) for w in kept.words] == [(1.0, 1.4), (2.5, 3.0), (5.5, 6.0)]
+    assert (kept.start, kept.end) == (1.0, 6.0)
+    # wholly in the silence between 6 and 10: to the nearer edge, its length kept
+    moved = words_in_speech(segment((8.0, 9.5), (9.6, 11.0)), starts, ends)
+    assert [(w.start, w.end) for w in moved.words] == [(10.0, 10.5), (10.5, 11.0)]
+    back = words_in_speech(segment((6.5, 7.0)), starts, ends)
+    assert [(w.start, w.end) for w in back.words] == [(5.5, 6.0)] and back.start == 5.5
+    late = words_in_speech(segment((12.5, 14.0)), starts, ends)  # after the last speech
+    assert [(w.start, w.end) for w in late.words] == [(10.5, 12.0)]
 
 
 def test_a_spectrogram_cannot_be_listened_to(tiny_en, clips):
