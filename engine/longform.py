@@ -354,8 +354,6 @@ class Request:
             out, self.speech_end = place_words(
                 out, words, window.offset, self.speech_end_before(window)
             )
-            if self.vad is not None:
-                out = [words_in_speech(s, *self.vad_edges) for s in out]
         # instantaneous or empty: no segment (after the words, which count every piece's tokens)
         out = [s for s in out if s.start != s.end and s.text.strip()]
         if self.vad is not None:

@@ -36,7 +36,7 @@ import torch
 
 from engine.diarize import Recording, Turn, attribute, talk_times
 from engine.inputs import MelSource, Prepared, own_stream, sources
-from engine.longform import REQUESTS, Request, Window
+from engine.longform import REQUESTS, Request, Window, words_in_speech
 from engine.mel import SAMPLE_RATE
 from engine.options import OptionsError, TranscriptionOptions
 from engine.result import Transcription
@@ -447,6 +447,8 @@ class Stream(Streaming):
         else:
             text = tok.decode([t for seg in r.segments for t in seg.tokens])
         segments = r.segments
+        if r.vad is not None:  # as reported: every rule before went by the words as timed
+            segments = [words_in_speech(s, *r.vad_edges) for s in segments]
         if turns is not None:
             segments = attribute(segments, turns, tok.decode, tok.eot)
         return Transcription(

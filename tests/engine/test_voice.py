@@ -20,6 +20,7 @@ from engine.longform import (
 from engine.mel import log_mel_spectrogram
 from engine.options import SpeakerCount
 from engine.result import Segment, Word
+from engine.vad import regions_of
 from tests.conftest import built_conversations
 from tools.conversations import no_speech
 from tools.longform import leveled, room_tone
@@ -233,6 +234,21 @@ def test_words_are_kept_to_the_speech():
     assert [(w.start, w.end) for w in back.words] == [(5.5, 6.0)] and back.start == 5.5
     late = words_in_speech(segment((12.5, 14.0)), starts, ends)  # after the last speech
     assert [(w.start, w.end) for w in late.words] == [(10.5, 12.0)]
+
+
+def test_words_kept_to_the_speech_change_their_times_only(tiny_en, conversation, monkeypatch):
+    """Words are kept to the speech as the result is made: the windows, the text and the
+    speakers are what they would be without it, and every word overlaps the speech."""
+    import engine.stream
+
+    options = TranscriptionOptions(diarize=SpeakerCount(), word_timestamps=True)
+    kept = tiny_en.transcribe([conversation.samples], options)[0]
+    monkeypatch.setattr(engine.stream, "words_in_speech", lambda segment, *_: segment)
+    as_timed = tiny_en.transcribe([conversation.samples], options)[0]
+    assert kept.text == as_timed.text and kept.speakers == as_timed.speakers
+    assert [w.word for w in kept.words] == [w.word for w in as_timed.words]
+    speech = regions_of(conversation.samples)
+    assert all(any(s < w.end and e > w.start for s, e in speech) for w in kept.words)
 
 
 def test_a_spectrogram_cannot_be_listened_to(tiny_en, clips):
