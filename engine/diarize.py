@@ -11,8 +11,10 @@ is nearest. THRESHOLD was chosen on one set of built conversations and checked o
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import chain, groupby, pairwise
 from operator import attrgetter
@@ -217,10 +219,14 @@ def speaker_turns(
         cuts(r.blocks, s, device) for r, s in zip(recordings, spans, strict=True)
     )
     embeddings = np.split(embed_cuts(pieces, device), np.cumsum([len(s) for s in spans])[:-1])
-    return [
-        turns(r.regions, s, cluster(e, r.count, threshold))
-        for r, s, e in zip(recordings, spans, embeddings, strict=True)
-    ]
+    counts = [r.count for r in recordings]
+    # scipy's linkage lets go of the GIL: the recordings' trees are built side by side
+    with ThreadPoolExecutor(max(1, min(len(recordings), os.cpu_count() or 1))) as pool:
+        labels = pool.map(cluster, embeddings, counts, [threshold] * len(recordings))
+        return [
+            turns(r.regions, s, found)
+            for r, s, found in zip(recordings, spans, labels, strict=True)
+        ]
 
 
 def diarize(
