@@ -117,17 +117,20 @@ def _minus(
     return pieces
 
 
-def words_in_speech(segment: Segment, starts: list[float], ends: list[float]) -> Segment:
-    """The segment with its words kept to the speech (voice activity: the starts and ends of
-    its stretches, in order). A word that reaches into a stretch without speech is cut back to
-    the stretch of speech it overlaps most; one wholly outside moves to the edge of the
-    nearest, taking no more time than it had, and shares what it then overlaps of a word
-    beside it with that word, half each; the segment starts and ends with its words. Word
-    timing finds speech's edges against silence, noise or music late or early, by up to
-    seconds: 4 of 16 built conversations had a word timed into a tone or music
-    (scripts/diarization_check.py), and a speaker is found by when each word was said."""
-    if not segment.words or not starts:
-        return segment
+def words_in_speech(segments: list[Segment], speech: list[tuple[float, float]]) -> list[Segment]:
+    """The segments with their words kept to the speech (voice activity, its stretches in
+    order). A word that reaches into a stretch without speech is cut back to the stretch of
+    speech it overlaps most; one wholly outside moves to the edge of the nearest, taking no
+    more time than it had, and shares what it then overlaps of a word beside it with that
+    word, half each; a segment starts and ends with its words. Word timing finds speech's
+    edges against silence, noise or music late or early, by up to seconds: 4 of 16 built
+    conversations had a word timed into a tone or music (scripts/diarization_check.py), and a
+    speaker is found by when each word was said."""
+    starts, ends = [s for s, _ in speech], [e for _, e in speech]
+    return [_words_in_speech(s, starts, ends) if s.words and speech else s for s in segments]
+
+
+def _words_in_speech(segment: Segment, starts: list[float], ends: list[float]) -> Segment:
     out: list[Word] = []
     for w in segment.words:
         first, last = bisect_right(ends, w.start), bisect_left(starts, w.end)  # overlapping
@@ -248,8 +251,6 @@ class Request:
             chunked = self.options.mode == "chunked" and self.source.duration > CHUNK_LENGTH
             vad = speech is not None and (chunked or self.options.diarize is not None)
         self.vad: list[tuple[float, float]] | None = speech if vad else None
-        spans = self.vad or []
-        self.vad_edges = ([s for s, _ in spans], [e for _, e in spans])  # for words_in_speech
 
     @property
     def needs_language(self) -> bool:

@@ -448,7 +448,7 @@ class Stream(Streaming):
             text = tok.decode([t for seg in r.segments for t in seg.tokens])
         segments = r.segments
         if r.vad is not None:  # as reported: every rule before went by the words as timed
-            segments = [words_in_speech(s, *r.vad_edges) for s in segments]
+            segments = words_in_speech(segments, r.vad)
         if turns is not None:
             segments = attribute(segments, turns, tok.decode, tok.eot)
         return Transcription(

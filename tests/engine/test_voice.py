@@ -215,7 +215,10 @@ def test_words_are_kept_to_the_speech():
     than it had, sharing what it then overlaps with the word beside it; its segment follows its
     words."""
     speech = [(1.0, 3.0), (5.0, 6.0), (10.0, 12.0)]
-    starts, ends = [s for s, _ in speech], [e for _, e in speech]
+
+    def kept(segment):
+        [out] = words_in_speech([segment], speech)
+        return out
 
     def segment(*spans):
         words = [Word(f" w{i}", s, e, 0.9) for i, (s, e) in enumerate(spans)]
@@ -223,16 +226,16 @@ def test_words_are_kept_to_the_speech():
         return Segment(0, spans[0][0], spans[-1][1], text, [], -0.2, 1.1, 0.01, 0.0, words)
 
     inside = segment((1.2, 1.5), (1.6, 2.9))
-    assert words_in_speech(inside, starts, ends) is inside  # nothing to move
-    kept = words_in_speech(segment((0.2, 1.4), (2.5, 5.4), (5.5, 6.8)), starts, ends)
-    assert [(w.start, w.end) for w in kept.words] == [(1.0, 1.4), (2.5, 3.0), (5.5, 6.0)]
-    assert (kept.start, kept.end) == (1.0, 6.0)
+    assert kept(inside) is inside  # nothing to move
+    cut = kept(segment((0.2, 1.4), (2.5, 5.4), (5.5, 6.8)))
+    assert [(w.start, w.end) for w in cut.words] == [(1.0, 1.4), (2.5, 3.0), (5.5, 6.0)]
+    assert (cut.start, cut.end) == (1.0, 6.0)
     # wholly in the silence between 6 and 10: to the nearer edge, its length kept
-    moved = words_in_speech(segment((8.0, 9.5), (9.6, 11.0)), starts, ends)
+    moved = kept(segment((8.0, 9.5), (9.6, 11.0)))
     assert [(w.start, w.end) for w in moved.words] == [(10.0, 10.5), (10.5, 11.0)]
-    back = words_in_speech(segment((6.5, 7.0)), starts, ends)
+    back = kept(segment((6.5, 7.0)))
     assert [(w.start, w.end) for w in back.words] == [(5.5, 6.0)] and back.start == 5.5
-    late = words_in_speech(segment((12.5, 14.0)), starts, ends)  # after the last speech
+    late = kept(segment((12.5, 14.0)))  # after the last speech
     assert [(w.start, w.end) for w in late.words] == [(10.5, 12.0)]
 
 
@@ -243,7 +246,7 @@ def test_words_kept_to_the_speech_change_their_times_only(tiny_en, conversation,
 
     options = TranscriptionOptions(diarize=SpeakerCount(), word_timestamps=True)
     kept = tiny_en.transcribe([conversation.samples], options)[0]
-    monkeypatch.setattr(engine.stream, "words_in_speech", lambda segment, *_: segment)
+    monkeypatch.setattr(engine.stream, "words_in_speech", lambda segments, _: segments)
     as_timed = tiny_en.transcribe([conversation.samples], options)[0]
     assert kept.text == as_timed.text and kept.speakers == as_timed.speakers
     assert [w.word for w in kept.words] == [w.word for w in as_timed.words]
