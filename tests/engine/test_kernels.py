@@ -21,6 +21,12 @@ from engine.kernels.attention import (  # noqa: E402
     torch_decode_attention,
     triton_decode_attention,
 )
+from engine.kernels.dense import (  # noqa: E402
+    torch_bn_relu_linear,
+    torch_gated_conv,
+    triton_bn_relu_linear,
+    triton_gated_conv,
+)
 from engine.kernels.dtw import dtw, triton_paths  # noqa: E402
 from engine.kernels.greedy import GreedyRules  # noqa: E402
 from engine.kernels.linear import (  # noqa: E402
@@ -369,3 +375,54 @@ def test_the_rows_that_sample_keep_their_filtered_logits_and_the_others_write_no
     torch.testing.assert_close(logprob, ref_logprob, rtol=1e-5, atol=1e-4)
     assert torch.equal(filtered[sampling], rules.apply(logits, state, True)[sampling])
     assert filtered[~sampling].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "k, n, bias, relu", [(96, 128, True, True), (160, 48, False, False), (200, 70, True, False)]
+)
+def test_bn_relu_linear_reads_its_slice_of_the_block_as_torch_does(k, n, bias, relu, dtype):
+    """act(relu(x * scale + shift) @ w.T + b) in one kernel, its input a slice of a wider
+    buffer (as a dense layer reads its block), as close to float64 as torch's own path; rows
+    and widths no tile divides, shifts that the ReLU cuts."""
+    g = torch.Generator().manual_seed(k * n)
+
+    def rand(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=g) * scale + shift).to(DEVICE, dtype)
+
+    block = rand(3, 37, 224, scale=2.0)
+    x = block[..., :k]
+    scale, shift = rand(k, scale=0.5, shift=1.0), rand(k)
+    w, b = rand(n, k, scale=k**-0.5), rand(n) if bias else None
+    wide = [t.double() if t is not None else None for t in (x, scale, shift, w, b)]
+    ref = torch_bn_relu_linear(*wide, relu)
+    out = triton_bn_relu_linear(x, scale, shift, w, b, relu)
+    plain = torch_bn_relu_linear(x, scale, shift, w, b, relu)
+    assert out.dtype == dtype and out.shape == (3, 37, n)
+    assert relative_error(out, ref) < max(2 * relative_error(plain, ref), 1e-5)
+    if relu:
+        assert (out >= 0).all()
+
+
+@pytest.mark.parametrize(
+    "frames, dilation, segment", [(75, 1, 100), (150, 2, 100), (37, 2, 16), (5, 2, 100)]
+)
+def test_gated_conv_writes_its_slice_as_torch_does(frames, dilation, segment):
+    """A CAM layer's dilated convolution times its segments' gates, written in place into its
+    32 channels of a wider block: as close to float64 as torch's path, each window's ends
+    padded with zeros (a window shorter than the convolution's reach too), every other channel
+    of the block untouched."""
+    g = torch.Generator().manual_seed(frames * dilation)
+    n, k = 3, 128
+    rand = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(DEVICE)  # noqa: E731
+    h = rand(n, frames, k).half()
+    w = rand(32, 3 * k, scale=(3 * k) ** -0.5).half()
+    gate = torch.rand(n, -(-frames // segment), 32, generator=g).to(DEVICE).half()
+    block = torch.full((n, frames, 200), 7.0, device=DEVICE, dtype=torch.float16)
+    triton_gated_conv(h, w, dilation, gate, segment, block[..., 40:72])
+    ref = torch.zeros(n, frames, 32, device=DEVICE, dtype=torch.float64)
+    torch_gated_conv(h.double(), w.double(), dilation, gate.double(), segment, ref)
+    plain = torch.zeros(n, frames, 32, device=DEVICE, dtype=torch.float16)
+    torch_gated_conv(h, w, dilation, gate, segment, plain)
+    assert relative_error(block[..., 40:72], ref) < max(2 * relative_error(plain, ref), 1e-5)
+    assert (block[..., :40] == 7).all() and (block[..., 72:] == 7).all()
