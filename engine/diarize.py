@@ -31,7 +31,7 @@ WINDOW_S = 1.5
 STEP_S = 0.75
 THRESHOLD = 0.75  # cosine distance at which two clusters stay apart
 MIN_SPEAKER_S = 2.0  # a cluster of less speech than this joins its nearest (unless counted)
-BATCH = 1024  # windows an embedding pass: 2.7 GB of activations on a GPU (docs/benchmarks.md)
+BATCH = 1024  # windows an embedding pass: 1.9 GB of activations on a GPU (docs/benchmarks.md)
 # windows clustered bottom-up at most (50 min of speech): the tree's memory and time grow with
 # their square (4 h of speech would be 19,000 windows and 1.4 GB)
 MAX_CLUSTERED = 4000
