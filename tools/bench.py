@@ -165,15 +165,18 @@ def hf_model(size: str, device: torch.device, dtype: torch.dtype = torch.float16
     torch.manual_seed(0)
     with torch.device(device):
         model = WhisperForConditionalGeneration._from_config(config, dtype=dtype).eval()
+    multilingual = {
+        "lang_to_id": {f"<|{c}|>": i for c, i in tok.language_ids.items()},
+        "task_to_id": {"transcribe": tok.transcribe, "translate": tok.translate},
+    }
     model.generation_config = GenerationConfig(
         decoder_start_token_id=tok.sot,
         eos_token_id=tok.eot,
         pad_token_id=tok.eot,
         no_timestamps_token_id=tok.no_timestamps,
-        is_multilingual=True,
-        lang_to_id={f"<|{c}|>": i for c, i in tok.language_ids.items()},
-        task_to_id={"transcribe": tok.transcribe, "translate": tok.translate},
+        is_multilingual=tok.is_multilingual,
         max_length=config.max_target_positions,
+        **(multilingual if tok.is_multilingual else {}),
     )
     return model, config
 
@@ -191,14 +194,14 @@ def transformers_run(
     shape = (batch, config.num_mel_bins, N_FRAMES)
     features = torch.randn(shape, generator=g, device=device, dtype=dtype)
     fixed = {"min_new_tokens": tokens, "max_new_tokens": tokens}
+    tok = random_tokenizer(size)
     if cache == "plain":
-        tok = random_tokenizer(size)
-        prompt = [tok.sot, tok.language_ids["en"], tok.transcribe, tok.no_timestamps]
-        ids = torch.tensor([prompt] * batch, device=device)
+        ids = torch.tensor([tok.sot_sequence("en", "transcribe")] * batch, device=device)
         fixed |= {"decoder_input_ids": ids, "cache_implementation": "static"}
         generate = GenerationMixin.generate  # not Whisper's override: no logits processors
     else:
-        fixed |= {"language": "en", "task": "transcribe"}
+        if tok.is_multilingual:  # an English-only model takes neither
+            fixed |= {"language": "en", "task": "transcribe"}
         if cache == "static":
             fixed["cache_implementation"] = "static"
         generate = type(model).generate
