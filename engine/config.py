@@ -17,6 +17,7 @@ from engine.host import MAX_AUDIO_S
 
 Dtype = Literal["auto", "fp32", "fp16", "bf16"]
 CrossKV = Literal["model", "fp8"]
+Encoder = Literal["model", "fp8"]
 Kernels = Literal["auto", "triton", "torch"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -52,6 +53,10 @@ class EngineConfig:
     # cross-attention K/V in the weights' dtype, or in fp8 (half the bytes; CUDA, compute
     # capability 8.9+)
     cross_kv: CrossKV = "model"
+    # the encoder's products in the weights' dtype, or in fp8 (e4m3; a scale per weight row
+    # and per input row: engine.quantize; CUDA compute capability 8.9+, or the CPU, which
+    # rounds alike in fp32 arithmetic)
+    encoder: Encoder = "model"
 
     # graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly.
     # kernels: the decode step's Triton kernels on CUDA where Triton is installed (auto), always
@@ -68,7 +73,12 @@ class EngineConfig:
     diarization: str = "builtin"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("dtype", Dtype), ("cross_kv", CrossKV), ("kernels", Kernels)):
+        for name, allowed in (
+            ("dtype", Dtype),
+            ("cross_kv", CrossKV),
+            ("encoder", Encoder),
+            ("kernels", Kernels),
+        ):
             if getattr(self, name) not in get_args(allowed):
                 expected = ", ".join(get_args(allowed))
                 raise ValueError(f"{name} {getattr(self, name)!r}: expected one of {expected}")

@@ -27,6 +27,7 @@ from engine.kernels import triton_installed
 from engine.loader import LoadedModel, default_cache_dir, load_model
 from engine.longform import REQUESTS
 from engine.options import OptionsError, TranscriptionOptions
+from engine.quantize import fp8_encoder
 from engine.runner import Runner
 from engine.sampling import SEED_LIMIT
 from engine.slots import slots_for
@@ -53,6 +54,12 @@ class Engine:
         if config.kernels == "triton" and not self.triton:
             raise ValueError("kernels='triton' needs a CUDA device and Triton installed")
         self.cross_dtype = CROSS_DTYPES[config.cross_kv]
+        if config.encoder == "fp8":
+            if cuda and torch.cuda.get_device_capability(self.loaded.device) < (8, 9):
+                raise ValueError("an fp8 encoder needs compute capability 8.9+")
+            fp8_encoder(self.loaded.model.encoder, self.triton)
+            if cuda:  # the fp16 weights' memory, free for slots
+                torch.cuda.empty_cache()
         self.n_slots = config.slots or slots_for(
             self.loaded, config.slot_memory_bytes, self.cross_dtype
         )

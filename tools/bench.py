@@ -8,7 +8,8 @@ default dynamic cache and with `cache_implementation="static"`, and ("plain") th
 logits processors: the leaner peer. The engine runs what a worker runs: a `Stream`
 (`Engine.open`) with a pool of `batch` slots, fed `3 * batch` spectrogram inputs at once
 (continuous batching, CUDA graphs), its cross-attention cache in the model's dtype ("engine")
-or in fp8 ("engine fp8"), or the whole model in bf16 ("engine bf16"). Reported: windows/s
+or in fp8 ("engine fp8"), that and the encoder's products in fp8 ("engine fp8 encoder",
+`engine.quantize`), or the whole model in bf16 ("engine bf16"). Reported: windows/s
 (best of 2 runs after a warm-up), audio seconds per second (RTFx), latency of one window at
 batch 1 (median of several runs, with their range), peak GPU memory, and the engine's
 windows/s over transformers' static cache at the same batch. The second part, real weights
@@ -34,7 +35,7 @@ from engine.options import TranscriptionOptions
 
 WINDOW_SECONDS = 30.0
 LATENCY_RUNS = 7  # batch 1: the median of this many runs, and their range
-ENGINE_SYSTEMS = ("engine", "fp8", "bf16")
+ENGINE_SYSTEMS = ("engine", "fp8", "fp8enc", "bf16")
 # transformers: Whisper's generate with either cache, the generic one ("plain"); the engine's
 SYSTEMS = ("dynamic", "static", "plain", *ENGINE_SYSTEMS)
 
@@ -42,7 +43,7 @@ SYSTEMS = ("dynamic", "static", "plain", *ENGINE_SYSTEMS)
 @dataclass
 class Row:
     model: str
-    system: str  # "engine", "engine fp8", "engine bf16", "transformers dynamic", "... static"
+    system: str  # "engine", "engine fp8", "engine fp8 encoder", "engine bf16", "transformers ..."
     batch: int
     windows_per_s: float
     latency_ms: float | None  # one window at batch 1: the median of LATENCY_RUNS
@@ -121,7 +122,8 @@ def engine_run(
 def bench_engine(
     size: str, batch: int, tokens: int | tuple[int, int], system: str = "engine"
 ) -> Row:
-    """system: engine, fp8 (cross-attention K/V in fp8) or bf16 (the whole model in bf16)."""
+    """system: engine, fp8 (cross-attention K/V in fp8), fp8enc (and the encoder's products in
+    fp8) or bf16 (the whole model in bf16)."""
     if isinstance(tokens, tuple):  # uniform mixed lengths, same for every run
         g = torch.Generator().manual_seed(1)
         lengths = torch.randint(tokens[0], tokens[1] + 1, (3 * batch,), generator=g).tolist()
@@ -134,11 +136,17 @@ def bench_engine(
         dtype="bf16" if system == "bf16" else "fp16",
         slots=batch,
         encoder_batch=min(batch, 32),
-        cross_kv="fp8" if system == "fp8" else "model",
+        cross_kv="fp8" if system in ("fp8", "fp8enc") else "model",
+        encoder="fp8" if system == "fp8enc" else "model",
     )
     n = 3 * batch if batch > 1 else 1
     best, runs, peak = _timed(engine_run(config, n, lengths), batch)
-    name = {"engine": "engine", "fp8": "engine fp8", "bf16": "engine bf16"}[system]
+    name = {
+        "engine": "engine",
+        "fp8": "engine fp8",
+        "fp8enc": "engine fp8 encoder",
+        "bf16": "engine bf16",
+    }[system]
     row = Row(f"random:{size}", name, batch, n / best, None, peak, label)
     if batch == 1:
         row.latency_ms, row.latency_range_ms = _latency(runs)

@@ -238,7 +238,12 @@ def test_options_the_stream_has_no_room_for_are_refused_before_work(clips):
 def test_an_engine_config_refuses_values_it_does_not_know():
     from engine import EngineConfig
 
-    for field, value in (("dtype", "fp64"), ("cross_kv", "int4"), ("kernels", "cuda")):
+    for field, value in (
+        ("dtype", "fp64"),
+        ("cross_kv", "int4"),
+        ("encoder", "int8"),
+        ("kernels", "cuda"),
+    ):
         with pytest.raises(ValueError, match=f"{field} '{value}': expected one of"):
             EngineConfig(**{field: value})
 
