@@ -55,7 +55,9 @@ class EngineConfig:
     cross_kv: CrossKV = "model"
     # the encoder's products in the weights' dtype, or in fp8 (e4m3; a scale per weight row
     # and per input row: engine.quantize; CUDA compute capability 8.9+, or the CPU, which
-    # rounds alike in fp32 arithmetic)
+    # rounds alike in fp32 arithmetic). Experimental, for `whisperfleet bench` and accuracy
+    # work: not yet faster, and outside the accuracy rule on base (docs/accuracy.md), so not
+    # a worker setting
     encoder: Encoder = "model"
 
     # graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly.

@@ -219,7 +219,7 @@ def speaker_turns(
 ) -> list[list[Turn]]:
     """Speaker turns of each recording; the windows of all of them embedded together, BATCH a
     pass (a stream diarizes together the inputs that finish while it diarizes others); triton:
-    the embedder's Triton kernel on CUDA (`engine.speakers.load`)."""
+    the embedder's Triton kernels on CUDA (`engine.speakers.load`)."""
     spans = [windows(r.regions, r.duration) for r in recordings]
     pieces = chain.from_iterable(
         cuts(r.blocks, s, device) for r, s in zip(recordings, spans, strict=True)

@@ -186,8 +186,8 @@ def test_the_settings_offer_what_the_engine_config_takes():
     """The settings (light) and EngineConfig each declare these values; they must agree."""
     from typing import get_args
 
-    from engine.config import CrossKV, Encoder, Kernels
+    from engine.config import CrossKV, Kernels
     from worker.contract.settings import Settings
 
-    for field, alias in (("cross_kv", CrossKV), ("encoder", Encoder), ("kernels", Kernels)):
+    for field, alias in (("cross_kv", CrossKV), ("kernels", Kernels)):
         assert get_args(Settings.model_fields[field].annotation) == get_args(alias)

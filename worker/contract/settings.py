@@ -113,9 +113,6 @@ class Settings(BaseSettings):
     # cross-attention K/V cache: "model" (the weights' dtype) or "fp8" (half the bytes: more
     # slots, faster large-model decoding; WER within 0.3 of fp16 on the dev set, on CUDA)
     cross_kv: Literal["model", "fp8"] = "model"
-    # the encoder's products: "model" (the weights' dtype) or "fp8" (e4m3, a scale per row:
-    # engine.quantize; CUDA compute capability 8.9+)
-    encoder: Literal["model", "fp8"] = "model"
     # the decode step's kernels: Triton on CUDA where it is installed (auto), or plain torch
     # (the reference path; what WHISPERFLEET_TRITON=0 used to choose)
     kernels: Literal["auto", "triton", "torch"] = "auto"

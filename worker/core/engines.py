@@ -49,7 +49,6 @@ class Engines:
             slots=self.slots,
             slot_memory_bytes=s.slot_memory_bytes,
             cross_kv=s.cross_kv,
-            encoder=s.encoder,
             kernels=s.kernels,
             max_audio_s=s.max_audio_s,
             diarization=s.diarization,
