@@ -6,7 +6,10 @@ with a scale per output row, made once at load, and casts its input to e4m3 with
 row (per frame) as it comes; `torch._scaled_mm` multiplies them on fp8 tensor cores (twice
 fp16's rate on Hopper) and applies both scales and the bias as it writes fp16. Attention, the
 layer norms and the convolutions stay in the model's dtype. On the CPU the same rounding runs
-in fp32 arithmetic: what the accuracy checks measure there (docs/accuracy.md).
+in fp32 arithmetic: what the accuracy checks measure there. An experiment so far: on an H100
+the casts cost more than the products saved (docs/benchmarks.md), and base's WER moves by more
+than the 0.3 allowed (docs/accuracy.md), likely because one scale per activation row is too
+coarse for the encoder's outlier channels (not yet measured).
 """
 
 from __future__ import annotations

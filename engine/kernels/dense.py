@@ -1,11 +1,14 @@
-"""A batch norm, a ReLU and a linear layer in one pass, for the speaker network's dense blocks.
+"""The speaker network's dense layers (CAM++, `engine.speakers`) in two kernels each.
 
-Each CAM++ layer reads every channel the block has made so far through its own batch norm and
-ReLU before a 1x1 convolution. In torch that is a strided read and a write of the normalised
-copy, a pass to rectify it, and the product's read of it again: on an H100, three element-wise
-kernels took four times the product's own time (torch.profiler, 2026-12-06). Here each program
-normalises and rectifies its blocks of the input as it loads them, so the input is read once,
-in place in the block's buffer, and nothing else is written.
+Each layer reads every channel its block has made so far through its own batch norm and ReLU
+before a 1x1 convolution. In torch that is a strided read and a write of the normalised copy,
+a pass to rectify it, and the product's read of it again: on an H100, those element-wise
+kernels took three to four times the product's own time (torch.profiler, 2026-12-06).
+`bn_relu_linear` normalises and rectifies each block of the input as it loads it, so the
+input is read once, in place in the block's buffer. The layer's gated dilated convolution was
+a pad, a gather of its three taps side by side, a product and a multiply into the block;
+`gated_conv` reads each tap's frames where they are and writes the gated product into its
+channels of the block.
 """
 
 from __future__ import annotations
