@@ -125,12 +125,14 @@ RANDOM_CONFIGS: dict[str, dict] = {
 }
 
 
-def _tokenizer_dir(n_vocab: int, cache_dir: Path) -> Path:
+def tokenizer_dir(n_vocab: int, cache_dir: Path | None = None) -> Path:
     """A tokenizer for `n_vocab` from the packaged models' files (their weights are not
     needed): English-only 51864 (tiny.en's), multilingual 51865 (base's) as is, or 51866
     (large-v3) with `<|yue|>` after the other languages, which shifts the specials after it
     by one."""
-    dst = cache_dir / "models" / f"tokenizer-{n_vocab}-c{CONVERTER_VERSION}"
+    dst = (
+        (cache_dir or default_cache_dir()) / "models" / f"tokenizer-{n_vocab}-c{CONVERTER_VERSION}"
+    )
     if (dst / "tokenizer.json").exists():
         return dst
     name = "tiny.en" if n_vocab == 51864 else "base"
@@ -176,7 +178,7 @@ def random_model(
             m.weight.data.fill_(1.0)
     return LoadedModel(
         name=f"random:{size}",
-        path=_tokenizer_dir(dims.n_vocab, cache_dir),
+        path=tokenizer_dir(dims.n_vocab, cache_dir),
         model=model.eval().requires_grad_(False),
         tokenizer=random_tokenizer(size, cache_dir),
         suppress_tokens=[],
@@ -187,7 +189,7 @@ def random_tokenizer(size: str, cache_dir: Path | None = None) -> Tokenizer:
     """The tokenizer a `random:<size>` model uses: its vocabulary's (English-only for `.en`
     sizes; large-v3's for large-v3 and the models distilled from it)."""
     n_vocab = RANDOM_CONFIGS[size]["vocab_size"]
-    return Tokenizer.from_dir(_tokenizer_dir(n_vocab, cache_dir or default_cache_dir()), n_vocab)
+    return Tokenizer.from_dir(tokenizer_dir(n_vocab, cache_dir), n_vocab)
 
 
 def default_device() -> torch.device:

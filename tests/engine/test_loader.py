@@ -10,7 +10,7 @@ import torch
 
 from engine import TranscriptionOptions
 from engine.audio import decode_audio
-from engine.loader import RANDOM_CONFIGS, load_model, random_tokenizer
+from engine.loader import RANDOM_CONFIGS, load_model, random_tokenizer, tokenizer_dir
 from tests.conftest import open_stream, transcribe
 
 # the models people pick for speed: (encoder layers, decoder layers, mel bins, vocabulary) as
@@ -75,7 +75,7 @@ def speed_model(request, tmp_path_factory):
         **(multilingual if tok.is_multilingual else {}),
     )
     dirs = {"safetensors": root / "hf", "sharded": root / "sharded", "ctranslate2": root / "ct2"}
-    tokenizer = load_model(f"random:{name}", device="cpu", dtype=torch.float32).path
+    tokenizer = tokenizer_dir(config.vocab_size)
     model.save_pretrained(dirs["safetensors"])
     model.save_pretrained(dirs["sharded"], max_shard_size="1MB")
     for d in dirs["safetensors"], dirs["sharded"]:
