@@ -187,7 +187,7 @@ def random_model(
 
 def random_tokenizer(size: str, cache_dir: Path | None = None) -> Tokenizer:
     """The tokenizer a `random:<size>` model uses: its vocabulary's (English-only for `.en`
-    sizes; large-v3's for large-v3 and the models distilled from it)."""
+    sizes; large-v3's for large-v3, large-v3-turbo and distil-large-v3)."""
     n_vocab = RANDOM_CONFIGS[size]["vocab_size"]
     return Tokenizer.from_dir(tokenizer_dir(n_vocab, cache_dir), n_vocab)
 
