@@ -24,6 +24,7 @@ from engine.hf import TransformersEngine, TransformersStream, is_transformers
 from engine.host import read_input
 from engine.inputs import Prepared, open_audio, spectrogram_source
 from engine.kernels import triton_installed
+from engine.kernels.fp8 import require_fp8
 from engine.loader import LoadedModel, default_cache_dir, load_model
 from engine.longform import REQUESTS
 from engine.options import OptionsError, TranscriptionOptions
@@ -55,8 +56,7 @@ class Engine:
             raise ValueError("kernels='triton' needs a CUDA device and Triton installed")
         self.cross_dtype = CROSS_DTYPES[config.cross_kv]
         if config.encoder == "fp8":
-            if cuda and torch.cuda.get_device_capability(self.loaded.device) < (8, 9):
-                raise ValueError("an fp8 encoder needs compute capability 8.9+")
+            require_fp8(self.loaded.device, "the encoder")
             fp8_encoder(self.loaded.model.encoder, self.triton)
             if cuda:  # the fp16 weights' memory, free for slots
                 torch.cuda.empty_cache()

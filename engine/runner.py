@@ -25,6 +25,7 @@ import torch
 
 from engine.decoding import DecodingRules, WindowResult, WindowTask, build_filters, prompt_tokens
 from engine.decoding import suppressed_tokens as model_suppressed
+from engine.kernels.fp8 import require_fp8
 from engine.kernels.greedy import GreedyRules
 from engine.loader import LoadedModel
 from engine.mel import N_FRAMES
@@ -79,9 +80,8 @@ class Runner:
         looks keep the GPU fed without waiting on the host."""
         self.m = loaded
         d, device, tok = loaded.dims, loaded.device, loaded.tokenizer
-        if cross_dtype == torch.float8_e4m3fn and device.type == "cuda":
-            if torch.cuda.get_device_capability(device) < (8, 9):
-                raise ValueError("an fp8 cross-attention cache needs compute capability 8.9+")
+        if cross_dtype == torch.float8_e4m3fn:
+            require_fp8(device, "a cross-attention cache")
         self.tok, self.triton, self.graphs = tok, triton, graphs
         self.max_prompt, self.sample_len = rules.sizes(d.n_text_ctx)
         text_ctx = key_bucket(self.max_prompt + self.sample_len, d.n_text_ctx)

@@ -15,6 +15,13 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 
 
+def require_fp8(device: torch.device, what: str) -> None:
+    """Refuse `what` in fp8 on a CUDA device without fp8 arithmetic (compute capability below
+    8.9: before Ada and Hopper); the CPU emulates it."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ValueError(f"{what} in fp8 needs compute capability 8.9+")
+
+
 def rowwise_fp8(x: Tensor, triton: bool = False) -> tuple[Tensor, Tensor]:
     """x (rows, k) as e4m3 and the fp32 scale of each row (rows, 1): x ~ q * scale.
     triton: one kernel (on CUDA), else torch's passes."""
