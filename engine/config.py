@@ -34,8 +34,9 @@ class EngineConfig:
 
     # a packaged name (tiny.en, base), a Hugging Face or CTranslate2 directory, a hub id, or
     # random:<size> (Whisper's shapes with random weights, for speed work; engine.loader);
-    # hf:/dir: a transformers speech model the native engine does not run (engine.hf), with
-    # `name`, `device`, `dtype`, `slots` (windows a step) and `max_audio_s` as here
+    # a transformers Qwen3-ASR directory (engine.qwen3_asr), or hf:/dir: a transformers speech
+    # model the native engine does not run (engine.hf); both with `name`, `device`, `dtype`,
+    # `slots` (windows at once), `slot_memory_bytes` (Qwen3-ASR) and `max_audio_s` as here
     model: str = "tiny.en"
     name: str | None = None  # what results call the model (default: `model`)
     device: str = "auto"  # auto: CUDA if present; or cpu, cuda, cuda:1, ...

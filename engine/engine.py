@@ -20,7 +20,7 @@ from engine import pyannote
 from engine.config import CROSS_DTYPES, DTYPES, EngineConfig, Input
 from engine.decoding import PROMPT_BASE
 from engine.diarize import Recording, Turn, speaker_turns
-from engine.hf import TransformersEngine, TransformersStream, is_transformers
+from engine.hf import TransformersEngine, is_transformers
 from engine.host import read_input
 from engine.inputs import Prepared, open_audio, spectrogram_source
 from engine.kernels import triton_installed
@@ -29,10 +29,12 @@ from engine.loader import LoadedModel, default_cache_dir, load_model
 from engine.longform import REQUESTS
 from engine.options import OptionsError, TranscriptionOptions
 from engine.quantize import fp8_encoder
+from engine.qwen3_asr import Qwen3ASREngine, is_qwen3_asr
 from engine.runner import Runner
 from engine.sampling import SEED_LIMIT
 from engine.slots import slots_for
 from engine.stream import Stream
+from engine.windows import WindowStream
 
 
 class Engine:
@@ -67,11 +69,15 @@ class Engine:
         self.diarize = diarizer(config.diarization, str(self.loaded.device), self.triton)
 
     @classmethod
-    def open(cls, config: EngineConfig) -> Stream | TransformersStream:
-        """Load the model and return the stream that runs it: the native engine's, or for
-        `hf:/dir` the transformers backend's (engine.hf), which has the same interface."""
+    def open(cls, config: EngineConfig) -> Stream | WindowStream:
+        """Load the model and return the stream that runs it: the native engine's; for a
+        Qwen3-ASR directory the native Qwen3-ASR engine's (engine.qwen3_asr), and for `hf:/dir`
+        the transformers backend's (engine.hf), both behind engine.windows' stream, which has
+        the same interface."""
         if is_transformers(config.model):
-            return TransformersStream(TransformersEngine(config))
+            return WindowStream(TransformersEngine(config))
+        if is_qwen3_asr(config.model):
+            return WindowStream(Qwen3ASREngine(config))
         return Stream(cls(config))
 
     @property

@@ -41,10 +41,10 @@ def _checkpoint_files(path: Path) -> list[Path]:
         return [path / shard for shard in shards]
     if (path / "model.safetensors").exists():
         return [path / "model.safetensors"]
-    raise FileNotFoundError(f"{path} holds no model.safetensors (a Hugging Face Whisper directory)")
+    raise FileNotFoundError(f"{path} holds no model.safetensors (a Hugging Face model directory)")
 
 
-def _reader(path: Path) -> dict[str, Callable[[], Tensor]]:
+def tensors(path: Path) -> dict[str, Callable[[], Tensor]]:
     """Lazy getters for every tensor in the checkpoint, by Hugging Face name."""
     getters: dict[str, Callable[[], Tensor]] = {}
     for file in _checkpoint_files(path):
@@ -98,7 +98,7 @@ def read_config(path: Path) -> dict:
 def load_whisper(path: Path, device: torch.device | str, dtype: torch.dtype) -> Whisper:
     """Build the engine network from a Hugging Face Whisper directory."""
     dims = ModelDimensions.from_hf_config(read_config(path))
-    getters = _reader(path)
+    getters = tensors(path)
     mapping = _mapping(dims)
     missing = sorted({n for names in mapping.values() for n in names if n and n not in getters})
     if missing:

@@ -97,7 +97,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import harness  # noqa: E402
+from scripts import harness, measure  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from worker.contract.jobs import QUEUES  # noqa: E402
 
@@ -310,7 +310,7 @@ class Phase:
             self.refused
         )
         failed = f" ({self.failed} failed)" * bool(self.failed)
-        p = harness.percentile
+        p = measure.percentile
         return (
             f"| {self.label} | {len(lat)}{refused}{failed} | {p(lat, 50):.2f} "
             f"| {p(lat, 95):.2f} | {max(lat, default=float('nan')):.2f} "
@@ -396,7 +396,7 @@ def latency(args: argparse.Namespace, stack: Stack) -> None:
     print("|---|---|---|---|---|---|---|---|")
     print(idle.row())
     print(busy.row(f"| {files_s:.2f} | {audio_s:.1f} |"))
-    ratio = harness.percentile(busy.latencies, 95) / harness.percentile(idle.latencies, 95)
+    ratio = measure.percentile(busy.latencies, 95) / measure.percentile(idle.latencies, 95)
     print(f"\np95(backfill) / p95(idle): {ratio:.2f}")
     print(
         "\nWhere a job's time went (the workers' `whisperfleet_job_stage_seconds`, mean ms per "
@@ -578,7 +578,7 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
     stream = Engine.open(Engines(Settings()).config(args.model))
     stream.transcribe([c[1] for c in clips])  # warm-up: load, compile, capture
     run = partial(stream.transcribe, [c[1] for c in files])
-    _, engine_runs = harness.timed(run, args.engine_runs, "engine alone")
+    _, engine_runs = measure.timed(run, args.engine_runs, "engine alone")
     del run, stream
     gc.collect()
     if torch.cuda.is_available():

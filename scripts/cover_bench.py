@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.mel import N_SAMPLES, SAMPLE_RATE  # noqa: E402
 from engine.vad import Detector  # noqa: E402
-from scripts import harness  # noqa: E402
+from scripts import measure  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import Run, recordings, wer, window_log  # noqa: E402
 
@@ -51,7 +51,7 @@ def vad_seconds_per_hour(samples: np.ndarray, device: str, runs: int) -> list[fl
         detector.finish()
         sync(device)
 
-    _, seconds = harness.timed(detect, runs + 1)  # the first loads and warms
+    _, seconds = measure.timed(detect, runs + 1)  # the first loads and warms
     return [s * 3600 * SAMPLE_RATE / len(samples) for s in seconds[1:]]
 
 
@@ -92,7 +92,7 @@ def main() -> int:
     for cover in (False, True):
         run = partial(transcribe, TranscriptionOptions(cover_speech=cover))
         # the first run warms what the graphs do not
-        (texts, windows, timed), walls = harness.timed(run, args.runs + 1)
+        (texts, windows, timed), walls = measure.timed(run, args.runs + 1)
         walls = walls[1:]
         wers = [wer(r, Run(text, [], None, 0)) for r, text in zip(made, texts, strict=True)]
         rows.append(
@@ -108,7 +108,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for row in rows:
         median = statistics.median(row["wall_s"])
-        spread = harness.spread(row["wall_s"], form="{median} ({low}-{high})")
+        spread = measure.spread(row["wall_s"], form="{median} ({low}-{high})")
         wers = ", ".join(f"{w:.2f}" for w in row["wer"].values())
         print(
             f"| {'on' if row['cover_speech'] else 'off'} | {spread} | "

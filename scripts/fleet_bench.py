@@ -81,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: the share
 from engine import Engine  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.mel import N_SAMPLES, log_mel_spectrogram  # noqa: E402
-from scripts import harness  # noqa: E402
+from scripts import harness, measure  # noqa: E402
 from scripts.redis_load import command_calls  # noqa: E402
 from scripts.rtfx_bench import pipeline_rtfx  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
@@ -555,7 +555,7 @@ def main() -> None:
     if args.restarts:
         restarts(args)
         return
-    clips = harness.read_clips(Path(args.audio_dir))
+    clips = measure.read_clips(Path(args.audio_dir))
     log_dir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     compile_cache = log_dir / "triton"  # the workers': empty, the first start compiles all
     os.environ["TRITON_CACHE_DIR"] = str(log_dir / "triton-engine")  # this process's
@@ -582,7 +582,7 @@ def main() -> None:
             for kind in kinds:
                 for copies in map(int, args.copies.split(",")):
                     inputs = model_inputs(kind, clips, copies, n_mels, random_weights)
-                    _, seconds = harness.timed(
+                    _, seconds = measure.timed(
                         partial(stream.transcribe, inputs.items), args.engine_runs
                     )
                     engine_s = min(seconds)  # the best run
@@ -641,7 +641,7 @@ def runs_table(rows: list[Row]) -> str:
     for r in rows:
         groups.setdefault((r.model, r.kind, r.copies, r.processes, r.gpus), []).append(r)
 
-    spread = partial(harness.spread, form="{median} [{low}–{high}]")
+    spread = partial(measure.spread, form="{median} [{low}–{high}]")
 
     for (model, kind, copies, processes, gpus), group in groups.items():
         restarts = [r.ready_s for r in group if not r.first_start]

@@ -1,8 +1,8 @@
-"""One way to start and stop a benchmark's stack, and one way to time and summarise its runs.
+"""One way to start and stop a benchmark's stack (its runs are timed and summarised by
+scripts/measure.py).
 
 Why: so that the benchmarks measure the same thing the same way: the same processes, started,
-waited for and stopped alike (none left running, whatever ends the script), timed by the same
-clock and summarised by the same median and range.
+waited for and stopped alike (none left running, whatever ends the script).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import ctypes
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -22,7 +21,6 @@ from pathlib import Path
 import boto3
 import httpx
 from botocore.config import Config
-from tqdm import tqdm
 
 from scripts import seaweed
 from tests.conftest import free_port
@@ -217,47 +215,3 @@ class Stack:
             return not waiting
 
         until(answered, f"/ready on ports {ports}", timeout, self.check, every=0.05)
-
-
-# -- timing and statistics
-
-
-def timed(run, runs: int, desc: str | None = None) -> tuple[object, list[float]]:
-    """`run()` `runs` times: the last run's result and every run's seconds (`desc`: with a
-    progress bar of that name)."""
-    result, seconds = None, []
-    for _ in tqdm(range(runs), desc=desc, disable=desc is None):
-        start = time.perf_counter()
-        result = run()
-        seconds.append(time.perf_counter() - start)
-    return result, seconds
-
-
-def spread(values: list[float], digits: int = 2, form: str = "{median} ({low}–{high})") -> str:
-    """The median and range of `values` to `digits`, as `form` writes them (each table keeps
-    its own brackets and dash); "—" for none."""
-    if not values:
-        return "—"
-    median, low, high = (
-        f"{v:.{digits}f}" for v in (statistics.median(values), min(values), max(values))
-    )
-    return form.format(median=median, low=low, high=high)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear between the closest ranks (numpy's default); NaN for none."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def read_clips(audio_dir: Path) -> list[tuple[bytes, float]]:
-    """The manifest's clips of up to 30 s: (bytes, seconds)."""
-    from tools.evaluate import read_manifest  # torch: not for the stacks' benchmarks
-
-    found = read_manifest(audio_dir / "manifest.jsonl")
-    return [(c.path.read_bytes(), c.seconds) for c in found if c.seconds <= 30]

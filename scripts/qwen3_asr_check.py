@@ -1,8 +1,9 @@
-"""Qwen3-ASR through the transformers backend against the reference implementation: the same
-random weights, the same clips, the same token ids?
+"""Qwen3-ASR in the engine (natively, or through the transformers backend) against the
+reference implementation: the same random weights, the same clips, the same token ids?
 
     python scripts/qwen3_asr_check.py --reference-python /tmp/qwenvenv/bin/python \\
-        [--size tiny|0.6B|1.7B] [--manifest ../shared/audio/dev/manifest.jsonl] [--seconds 8]
+        [--size tiny|0.6B|1.7B] [--backend native|transformers] \\
+        [--manifest ../shared/audio/dev/manifest.jsonl] [--seconds 8]
 
 The reference is the `qwen-asr` package's own transformers code, which pins an older
 transformers than the project's: install it in a virtual environment of its own,
@@ -13,7 +14,8 @@ transformers than the project's: install it in a virtual environment of its own,
 A random-weight model of `--size` is made in the transformers layout and converted to the
 reference's (`tools.qwen3_asr`); each clip (its first `--seconds`, decoded once here
 and handed to both as the same 16 kHz samples) goes through the reference's prompt, processor
-and `generate` in that environment, and through `Engine.open("hf:DIR")`'s stream here, as a
+and `generate` in that environment, and through `Engine.open("DIR")`'s stream here (the
+engine's own Qwen3-ASR, engine.qwen3_asr; `"hf:DIR"` with `--backend transformers`), as a
 worker runs it. Both decode greedily, in fp32 on the CPU, `--batch` clips at a time (1: each
 alone). The table gives, for each clip, the tokens each generated and where they first
 differ.
@@ -52,6 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference-python", required=True, help="the reference's interpreter")
     parser.add_argument("--size", choices=qwen3_asr.SIZES, default="tiny")
+    parser.add_argument("--backend", choices=("native", "transformers"), default="native")
     parser.add_argument("--manifest", default=str(ROOT.parent / "shared/audio/dev/manifest.jsonl"))
     parser.add_argument("--seconds", type=float, default=8.0, help="of each clip (at most 30)")
     parser.add_argument("--batch", type=int, default=1, help="clips decoded together, both sides")
@@ -66,8 +69,8 @@ def main() -> int:
     n = int(min(args.seconds, 30.0) * 16000)
     clips = [decode_audio((manifest.parent / e["file"]).read_bytes())[:n] for e in entries]
     work = Path(tempfile.mkdtemp(prefix="qwen3-asr-check-"))
-    native = qwen3_asr.make(work / "native", args.size)
-    reference = qwen3_asr.reference(native, work / "reference")
+    made = qwen3_asr.make(work / "model", args.size)
+    reference = qwen3_asr.reference(made, work / "reference")
     np.savez(work / "clips.npz", **{str(i): c for i, c in enumerate(clips)})
     subprocess.run(
         [args.reference_python, str(Path(qwen3_asr.__file__)), "run-reference",
@@ -76,13 +79,18 @@ def main() -> int:
         check=True,
     )  # fmt: skip
     theirs = json.loads((work / "reference.json").read_text())
-    config = EngineConfig(model=f"hf:{native}", name="qwen3-asr", device="cpu", slots=args.batch)
+    source = f"hf:{made}" if args.backend == "transformers" else str(made)
+    config = EngineConfig(model=source, name="qwen3-asr", device="cpu", slots=args.batch)
     stream = Engine.open(config)
     ours = stream.transcribe(clips, TranscriptionOptions(temperature=(0.0,)))
-    special = set(stream.engine.processor.tokenizer.all_special_ids)
-    marker = stream.engine.processor.tokenizer.convert_tokens_to_ids("<asr_text>")
+    tokenizer = stream.engine.chat.processor.tokenizer
+    special = set(tokenizer.all_special_ids)
+    marker = tokenizer.convert_tokens_to_ids("<asr_text>")
     same = 0
-    print(f"\nQwen3-ASR {args.size}, random weights; {len(clips)} clips, first {args.seconds:g} s")
+    print(
+        f"\nQwen3-ASR {args.size}, random weights, {args.backend}; {len(clips)} clips, "
+        f"first {args.seconds:g} s"
+    )
     print("| clip | s | tokens (ours) | tokens (reference) | identical | first difference |")
     print("|---|---|---|---|---|---|")
     for entry, clip, result, answer in zip(entries, clips, ours, theirs, strict=True):

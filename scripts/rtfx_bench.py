@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
-from scripts import harness  # noqa: E402
+from scripts import measure  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402
 
@@ -92,7 +92,7 @@ def engine_rtfx(
     """The engine's RTFx over every item at once (median of `runs` after a warm-up, with the
     fastest and slowest) and its WER."""
     stream.transcribe(items, options)  # warm-up: graphs, kernels, allocator
-    results, times = harness.timed(partial(stream.transcribe, items, options), runs, "engine")
+    results, times = measure.timed(partial(stream.transcribe, items, options), runs, "engine")
     return {
         "rtfx": audio_s / statistics.median(times),
         "spread": [audio_s / max(times), audio_s / min(times)],

@@ -45,7 +45,7 @@ from engine.inputs import own_stream  # noqa: E402
 from engine.options import SpeakerCount  # noqa: E402
 from engine.stream import PREPARE_THREADS  # noqa: E402
 from engine.vad import Detector, speech_regions  # noqa: E402
-from scripts.harness import spread, timed  # noqa: E402
+from scripts.measure import spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import concatenation, leveled, room_tone  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402

@@ -28,12 +28,13 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 def api_url(stack_env, tmp_path_factory):
     """`whisperfleet api` and `whisperfleet worker` as separate processes; besides the
     packaged models, `w2v` and `q3`: a random-weight wav2vec2 and a Qwen3-ASR-shaped model
-    through transformers (engine.hf)."""
+    through transformers (engine.hf), and `q3n`: the same Qwen3-ASR directory in the engine's
+    own implementation (engine.qwen3_asr)."""
     from tools.qwen3_asr import make
 
     w2v = random_ctc(tmp_path_factory.mktemp("w2v"), "wav2vec2")
     q3 = make(tmp_path_factory.mktemp("q3") / "qwen3-asr")
-    models = f"tiny.en,base,w2v=hf:{w2v},q3=hf:{q3}"
+    models = f"tiny.en,base,w2v=hf:{w2v},q3=hf:{q3},q3n={q3}"
     stack_env = {**stack_env, "WHISPERFLEET_MODELS": models}
     logs = tmp_path_factory.mktemp("stack")
     port = free_port()
@@ -345,20 +346,36 @@ def test_a_model_served_through_transformers_runs_jobs_end_to_end(api_url, clips
     assert "cannot give a prompt" in refused["error"]["message"], refused
 
 
-def test_a_qwen3_asr_shaped_model_runs_jobs_end_to_end(api_url, clips):
-    """`q3=hf:/dir`, an audio language model: its language forced by the job, a prompt as its
-    context; a translation it cannot make fails the job with the reason."""
+@pytest.mark.parametrize("model", ["q3", "q3n"])
+def test_a_qwen3_asr_shaped_model_runs_jobs_end_to_end(api_url, clips, model):
+    """`q3=hf:/dir` (transformers) and `q3n=/dir` (the engine's own), an audio language
+    model: its language forced by the job, a prompt as its context; a translation it cannot
+    make fails the job with the reason."""
     url, _ = api_url
-    job = run_job(url, clips["fr_fleurs_000"].bytes, "clip.flac", model="q3", language="fr",
+    job = run_job(url, clips["fr_fleurs_000"].bytes, "clip.flac", model=model, language="fr",
                   prompt="Paris")  # fmt: skip
     assert job["status"] == "succeeded", job
     result = httpx.get(f"{url}/v1/jobs/{job['id']}/result").json()
-    assert result["model"] == "q3" and result["language"] == "fr"
+    assert result["model"] == model and result["language"] == "fr"
     assert result["duration"] == pytest.approx(10.2, abs=0.01)
     assert all(s["avg_logprob"] is None for s in result["segments"])
-    refused = run_job(url, clips["fr_fleurs_000"].bytes, "clip.flac", model="q3", task="translate")
+    refused = run_job(url, clips["fr_fleurs_000"].bytes, "clip.flac", model=model, task="translate")
     assert refused["status"] == "failed" and refused["error"]["code"] == "invalid_option"
     assert "task 'translate'" in refused["error"]["message"], refused
+
+
+def test_the_engines_qwen3_asr_answers_as_transformers_does(api_url, clips):
+    """The same directory served both ways through the fleet: the same text and tokens."""
+    url, _ = api_url
+    results = []
+    for model in ("q3", "q3n"):
+        job = run_job(url, clips["en_jfk"].bytes, "clip.flac", model=model)
+        assert job["status"] == "succeeded", job
+        results.append(httpx.get(f"{url}/v1/jobs/{job['id']}/result").json())
+    assert [s["tokens"] for s in results[0]["segments"]] == [
+        s["tokens"] for s in results[1]["segments"]
+    ]
+    assert results[0]["text"] == results[1]["text"] and results[0]["text"]
 
 
 def test_english_only_model_refuses_a_translate_job_at_submission(api_url, clips):

@@ -1,0 +1,464 @@
+"""Qwen3-ASR in the engine: its audio encoder batched over windows, its Qwen3 decoder over a
+pool of slots that windows join and leave between decode steps (continuous batching).
+
+The weights are a transformers Qwen3-ASR directory's (`Qwen3ASRForConditionalGeneration`,
+the `-hf` checkpoints), read by name; its processor still builds each window's request (the
+chat prompt, the log-mel features) and parses the answer, as the transformers backend does
+(engine.hf), so both give the same text for the same tokens.
+
+- Audio encoder: every 1 s chunk (100 frames) of every window through the convolutions at
+  once, then attention within windows of 8 chunks (104 positions; a window's last may be
+  shorter), as a batch of those windows with their padding masked: what the reference packs
+  as FlashAttention's `cu_seqlens`.
+- Decoder: each slot holds one window's keys and values for every layer, `context` positions
+  deep. Admitted windows are prefilled together (right-padded, causal, their audio spliced in
+  at the audio tokens); every step then decodes one token for each live slot, reading its own
+  length, and a window leaves when it says end of turn or reaches `MAX_NEW_TOKENS`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.config import DTYPES, EngineConfig
+from engine.hf import Chat, window_refusals
+from engine.loader import default_device
+from engine.options import OptionsError, TranscriptionOptions
+from engine.weights import read_config, tensors
+from engine.windows import Decoded, Request, WindowModel
+
+CHUNK_FRAMES = 100  # mel frames a convolution chunk (1 s)
+CHUNK_TOKENS = 13  # positions a whole chunk leaves after three stride-2 convolutions
+WINDOW_CHUNKS = 8  # chunks an attention window (n_window_infer 800 frames)
+MAX_NEW_TOKENS = 448  # an answer for one window at most (engine.hf's bound too)
+
+
+def tokens_after_convolutions(frames: Tensor) -> Tensor:
+    """Positions left of each count of frames in a chunk (0 stays 0)."""
+    for _ in range(3):
+        frames = torch.where(frames > 0, (frames - 1) // 2 + 1, 0)
+    return frames
+
+
+def audio_tokens(frames: int) -> int:
+    """Positions the encoder gives (and audio tokens the prompt holds) for `frames` frames."""
+    whole, rest = divmod(frames, CHUNK_FRAMES)
+    return whole * CHUNK_TOKENS + int(tokens_after_convolutions(torch.tensor(rest)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d: int, heads: int, ffn: int):
+        super().__init__()
+        self.heads = heads
+        self.self_attn = nn.Module()
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(self.self_attn, name, nn.Linear(d, d))
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, ffn)
+        self.fc2 = nn.Linear(ffn, d)
+        self.final_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, x: Tensor, keys: Tensor) -> Tensor:
+        """x: (windows, positions, d); keys: (windows, 1, 1, positions), True where real."""
+        a = self.self_attn
+        h = self.self_attn_layer_norm(x)
+        q, k, v = (
+            p(h).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+            for p in (a.q_proj, a.k_proj, a.v_proj)
+        )
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
+        x = x + a.out_proj(h.transpose(1, 2).flatten(2))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, c: dict):
+        super().__init__()
+        d, hidden, mels = c["d_model"], c["downsample_hidden_size"], c["num_mel_bins"]
+        self.conv2d1 = nn.Conv2d(1, hidden, 3, 2, padding=1)
+        self.conv2d2 = nn.Conv2d(hidden, hidden, 3, 2, padding=1)
+        self.conv2d3 = nn.Conv2d(hidden, hidden, 3, 2, padding=1)
+        bins = ((((mels + 1) // 2) + 1) // 2 + 1) // 2
+        self.conv_out = nn.Linear(hidden * bins, d, bias=False)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, c["encoder_attention_heads"], c["encoder_ffn_dim"])
+            for _ in range(c["encoder_layers"])
+        )
+        self.ln_post = nn.LayerNorm(d)
+        scale = math.log(10000) / (d // 2 - 1)
+        with torch.device("cpu"):  # computed, also where the weights are built on "meta"
+            t = torch.arange(CHUNK_TOKENS)[:, None] * torch.exp(-scale * torch.arange(d // 2))
+        self.register_buffer("positions", torch.cat([t.sin(), t.cos()], 1), persistent=False)
+
+    def forward(self, features: Tensor, frames: Tensor) -> Tensor:
+        """features: (n, mels, k * CHUNK_FRAMES), frames: (n,) real frames of each -> the
+        real positions of all n, one after another: (sum of `audio_tokens`, d)."""
+        n, mels, width = features.shape
+        chunks = width // CHUNK_FRAMES
+        x = features.unflatten(2, (chunks, CHUNK_FRAMES)).transpose(1, 2)
+        x = x.reshape(n * chunks, 1, mels, CHUNK_FRAMES)
+        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
+            x = F.gelu(conv(x))
+        x = self.conv_out(x.permute(0, 3, 1, 2).flatten(2))  # (n * chunks, 13, d)
+        x = x + self.positions.to(x.dtype)
+        starts = torch.arange(chunks, device=frames.device) * CHUNK_FRAMES
+        real = tokens_after_convolutions((frames[:, None] - starts).clamp(0, CHUNK_FRAMES))
+        mask = torch.arange(CHUNK_TOKENS, device=frames.device) < real[..., None]  # (n, chunks, 13)
+        spare = -chunks % WINDOW_CHUNKS
+        x = F.pad(x.unflatten(0, (n, chunks)), (0, 0, 0, 0, 0, spare))
+        mask = F.pad(mask, (0, 0, 0, spare))
+        width = WINDOW_CHUNKS * CHUNK_TOKENS
+        x, mask = x.reshape(-1, width, x.shape[-1]), mask.reshape(-1, width)
+        held = mask.any(1)  # windows with something in them
+        x, mask = x[held], mask[held]
+        keys = mask[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, keys)
+        return self.ln_post(x[mask])
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: dict):
+        super().__init__()
+        d, hd, eps = c["hidden_size"], c["head_dim"], c["rms_norm_eps"]
+        self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+        bias = c.get("attention_bias", False)
+        self.input_layernorm = RMSNorm(d, eps)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+        a = self.self_attn = nn.Module()
+        a.q_proj = nn.Linear(d, self.heads * hd, bias=bias)
+        a.k_proj = nn.Linear(d, self.kv_heads * hd, bias=bias)
+        a.v_proj = nn.Linear(d, self.kv_heads * hd, bias=bias)
+        a.o_proj = nn.Linear(self.heads * hd, d, bias=bias)
+        a.q_norm, a.k_norm = RMSNorm(hd, eps), RMSNorm(hd, eps)
+        m = self.mlp = nn.Module()
+        m.gate_proj = nn.Linear(d, c["intermediate_size"], bias=False)
+        m.up_proj = nn.Linear(d, c["intermediate_size"], bias=False)
+        m.down_proj = nn.Linear(c["intermediate_size"], d, bias=False)
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: (..., d) -> q (..., heads, hd), k and v (..., kv_heads, hd), q and k rotated."""
+        a, h = self.self_attn, self.input_layernorm(x)
+        q = a.q_norm(a.q_proj(h).unflatten(-1, (self.heads, -1)))
+        k = a.k_norm(a.k_proj(h).unflatten(-1, (self.kv_heads, -1)))
+        v = a.v_proj(h).unflatten(-1, (self.kv_heads, -1))
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        return _rotated(q, cos, sin), _rotated(k, cos, sin), v
+
+    def rest(self, x: Tensor, attended: Tensor) -> Tensor:
+        """The residual after attention (attended: (..., heads, hd)), then the MLP's."""
+        x = x + self.self_attn.o_proj(attended.flatten(-2))
+        m, h = self.mlp, self.post_attention_layernorm(x)
+        return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+
+
+def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + turned * sin
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, c: dict):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        theta = (c.get("rope_parameters") or {}).get("rope_theta") or c.get("rope_theta", 1e6)
+        hd = c["head_dim"]
+        with torch.device("cpu"):
+            inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq
+        angles = torch.cat([freqs, freqs], -1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+class Qwen3ASR(nn.Module):
+    """The network, its parts named as transformers names them (less the `model.` prefix)."""
+
+    def __init__(self, config: dict):
+        super().__init__()
+        a, t = config["audio_config"], config["text_config"]
+        self.audio_tower = AudioEncoder(a)
+        p = self.multi_modal_projector = nn.Module()
+        p.linear_1 = nn.Linear(a["d_model"], a["d_model"])
+        p.linear_2 = nn.Linear(a["d_model"], a["output_dim"])
+        self.language_model = TextDecoder(t)
+        tied = config.get("tie_word_embeddings", t.get("tie_word_embeddings", False))
+        self.lm_head = None if tied else nn.Linear(t["hidden_size"], t["vocab_size"], bias=False)
+        self.audio_token = config["audio_token_id"]
+
+    def audio(self, features: Tensor, frames: Tensor) -> Tensor:
+        """The audio embeddings of windows' features, as the decoder reads them."""
+        p = self.multi_modal_projector
+        return p.linear_2(F.gelu(p.linear_1(self.audio_tower(features, frames))))
+
+    def next_tokens(self, x: Tensor) -> list[int]:
+        """The most likely token after each of the decoder's last hidden states."""
+        lm = self.language_model
+        head = lm.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (lm.norm(x) @ head.T).argmax(-1).tolist()
+
+
+@dataclass(eq=False)
+class Window:
+    """A window in the pool: its request, then what it has generated."""
+
+    key: Hashable
+    prompt: list[int]
+    language: str | None  # forced by the job, else the model's answer
+    slot: int = -1
+    generated: list[int] = field(default_factory=list)
+
+
+def _attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """One query a row over its slot's keys: q (rows, heads, hd); keys and values (rows,
+    kv_heads, positions, hd), read in place; mask (rows, positions). Each key head serves its
+    group of query heads without being copied for them."""
+    rows, heads, hd = q.shape
+    q = q.unflatten(1, (keys.shape[1], -1))  # (rows, kv_heads, group, hd)
+    scores = (q @ keys.transpose(-1, -2)).float() * hd**-0.5
+    scores = scores.masked_fill(~mask[:, None, None, :], -torch.inf).softmax(-1)
+    return (scores.to(values.dtype) @ values).flatten(1, 2)
+
+
+class SlotDecoder:
+    """The decoder's keys and values for `n_slots` windows of up to `context` positions each,
+    and the windows in them."""
+
+    def __init__(self, model: Qwen3ASR, n_slots: int, context: int, stops: set[int]):
+        self.model, self.n_slots, self.context, self.stops = model, n_slots, context, stops
+        lm = model.language_model
+        layer = lm.layers[0]
+        p = lm.embed_tokens.weight
+        shape = (len(lm.layers), n_slots, layer.kv_heads, context, lm.inv_freq.numel() * 2)
+        self.keys = torch.zeros(shape, dtype=p.dtype, device=p.device)
+        self.values = torch.zeros_like(self.keys)
+        self.live: list[Window] = []
+        self._free = list(range(n_slots))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @torch.inference_mode()
+    def admit(self, windows: list[Window], audio: Tensor) -> list[Window]:
+        """Prefill these windows into free slots, their audio tokens replaced by `audio` (the
+        embeddings of all their audio, in order); hand back those finished by their first
+        token."""
+        m, lm = self.model, self.model.language_model
+        device = lm.embed_tokens.weight.device
+        width = max(len(w.prompt) for w in windows)
+        ids = torch.zeros(len(windows), width, dtype=torch.long)
+        for row, w in zip(ids, windows, strict=True):
+            row[: len(w.prompt)] = torch.tensor(w.prompt)
+        ids = ids.to(device)
+        x = lm.embed_tokens(ids)
+        at = ids == m.audio_token
+        if int(at.sum()) != len(audio):
+            raise ValueError(f"{int(at.sum())} audio tokens in the prompts, {len(audio)} given")
+        x[at] = audio.to(x.dtype)
+        lengths = torch.tensor([len(w.prompt) for w in windows], device=device)
+        for w in windows:
+            w.slot = heapq.heappop(self._free)
+        slots = torch.tensor([w.slot for w in windows], device=device)
+        positions = torch.arange(width, device=device)
+        cos, sin = lm.rope(positions, x.dtype)
+        causal = positions[None, :] <= positions[:, None]
+        mask = (causal & (positions < lengths[:, None, None]))[:, None]  # (n, 1, q, k)
+        for i, layer in enumerate(lm.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            self.keys[i, slots, :, :width] = k.transpose(1, 2)
+            self.values[i, slots, :, :width] = v.transpose(1, 2)
+            h = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                enable_gqa=True,
+            )  # fmt: skip
+            x = layer.rest(x, h.transpose(1, 2))
+        last = x[torch.arange(len(windows), device=device), lengths - 1]
+        self.live += windows
+        return self._take(windows, m.next_tokens(last))
+
+    @torch.inference_mode()
+    def step(self) -> list[Window]:
+        """One token for every live window; hand back those that finished. The step runs over
+        the slots up to the highest live one (slots are taken lowest first), each reading its
+        keys where they lie: a free slot among them decodes a token nobody reads."""
+        lm = self.model.language_model
+        device = lm.embed_tokens.weight.device
+        rows = max(w.slot for w in self.live) + 1
+        tokens, at = [0] * rows, [0] * rows
+        for w in self.live:
+            tokens[w.slot], at[w.slot] = w.generated[-1], len(w.prompt) + len(w.generated) - 1
+        seen = max(at) + 1
+        tokens, at = torch.tensor(tokens, device=device), torch.tensor(at, device=device)
+        x = lm.embed_tokens(tokens)
+        cos, sin = lm.rope(at, x.dtype)
+        mask = torch.arange(seen, device=device) <= at[:, None]
+        slots = torch.arange(rows, device=device)
+        for i, layer in enumerate(lm.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            self.keys[i, slots, :, at] = k
+            self.values[i, slots, :, at] = v
+            keys, values = self.keys[i, :rows, :, :seen], self.values[i, :rows, :, :seen]
+            x = layer.rest(x, _attend(q, keys, values, mask))
+        chosen = self.model.next_tokens(x)
+        return self._take(list(self.live), [chosen[w.slot] for w in self.live])
+
+    def _take(self, windows: list[Window], tokens: list[int]) -> list[Window]:
+        done = []
+        for w, token in zip(windows, tokens, strict=True):
+            w.generated.append(token)
+            full = len(w.prompt) + len(w.generated) >= self.context
+            if token in self.stops or len(w.generated) >= MAX_NEW_TOKENS or full:
+                done.append(w)
+        for w in done:
+            self.release(w)
+        return done
+
+    def release(self, window: Window) -> None:
+        if window in self.live:
+            self.live.remove(window)
+            heapq.heappush(self._free, window.slot)
+
+    def reset(self) -> None:
+        self.live.clear()
+        self._free = list(range(self.n_slots))
+
+
+MAX_PROMPT_TOKENS = 224  # a job's prompt (the request's context) at most, as Whisper's
+# positions a slot holds: a 30 s window's audio, the request around it, a prompt, an answer
+CONTEXT = 30 * CHUNK_TOKENS + 64 + MAX_PROMPT_TOKENS + MAX_NEW_TOKENS
+HORIZON = 8  # decode steps a `run`, between admissions
+MAX_SLOTS = 256
+
+
+def is_qwen3_asr(source: str) -> bool:
+    """Whether a model source is a local transformers Qwen3-ASR directory, which the engine
+    runs natively (`hf:/dir` still runs it through transformers)."""
+    config = Path(source).expanduser() / "config.json"
+    return config.is_file() and read_config(config.parent).get("model_type") == "qwen3_asr"
+
+
+class Qwen3ASREngine(WindowModel):
+    """Qwen3-ASR on one device: the engine's network over a transformers directory's weights,
+    its decoder slots, and the directory's processor (engine.hf.Chat)."""
+
+    def __init__(self, config: EngineConfig):
+        from transformers import AutoProcessor
+
+        from engine.hf import quiet_transformers
+
+        path = Path(config.model).expanduser()
+        self.config, self.name, self.english_only = config, config.name or config.model, False
+        self.device = default_device() if config.device == "auto" else torch.device(config.device)
+        cuda = self.device.type == "cuda"
+        self.dtype = DTYPES.get(config.dtype) or (torch.float16 if cuda else torch.float32)
+        settings = read_config(path)
+        with torch.device("meta"):
+            model = Qwen3ASR(settings)
+        state = {
+            name.removeprefix("model."): get().to(self.device, self.dtype)
+            for name, get in tensors(path).items()
+            if not (model.lm_head is None and name == "lm_head.weight")  # tied: the embedding
+        }
+        model.load_state_dict(state, assign=True, strict=True)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        quiet_transformers()
+        self.chat = Chat(AutoProcessor.from_pretrained(path))
+        stops = settings.get("eos_token_id")
+        self.stops = set(stops if isinstance(stops, list) else [stops])
+        self.n_slots = config.slots or self._slots_for(config.slot_memory_bytes)
+        self.decoder = SlotDecoder(self.model, self.n_slots, CONTEXT, self.stops)
+
+    def _slots_for(self, memory_bytes: int | None) -> int:
+        """As many slots as `memory_bytes` of keys and values hold (default: half the free
+        device memory; 16 on the CPU), at most MAX_SLOTS."""
+        if memory_bytes is None:
+            if self.device.type != "cuda":
+                return 16
+            memory_bytes = torch.cuda.mem_get_info(self.device)[0] // 2
+        lm = self.model.language_model
+        per_position = 2 * len(lm.layers) * lm.layers[0].kv_heads * lm.inv_freq.numel() * 2
+        per_slot = per_position * CONTEXT * self.dtype.itemsize
+        return max(1, min(MAX_SLOTS, memory_bytes // per_slot))
+
+    def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
+        """Refuse, before any work, what the model cannot do as asked."""
+        cannot = window_refusals(options) + self.chat.refusals(options.language)
+        if options.task != "transcribe":
+            cannot.append(f"task {options.task!r}: Qwen3-ASR transcribes")
+        if options.initial_prompt:
+            n = len(self.chat.processor.tokenizer(options.initial_prompt)["input_ids"])
+            if n > MAX_PROMPT_TOKENS:
+                cannot.append(f"a prompt of {n} tokens (at most {MAX_PROMPT_TOKENS})")
+        if cannot:
+            raise OptionsError(f"{self.name} (Qwen3-ASR) cannot give {'; '.join(cannot)}")
+        return options
+
+    def room(self) -> int:
+        return self.decoder.free
+
+    def run(self, windows: list[Request]) -> list[tuple[Hashable, Decoded]]:
+        """Admit these windows, then HORIZON decode steps of every live window."""
+        done = self._admit(windows) if windows else []
+        for _ in range(HORIZON):
+            if not self.decoder.live:
+                break
+            done += self.decoder.step()
+        return [(w.key, self.chat.answer(w.generated, w.language)) for w in done]
+
+    def _admit(self, requests: list[Request]) -> list[Window]:
+        batch = self.chat.requests([r[1] for r in requests], [r[2] for r in requests])
+        frames = batch["input_features_mask"].sum(-1)
+        with torch.inference_mode():
+            features = batch["input_features"].to(self.device, self.dtype)
+            audio = self.model.audio(features, frames.to(self.device))
+        windows = [
+            Window(key, row[mask.bool()].tolist(), options.language)
+            for (key, _, options), row, mask in zip(
+                requests, batch["input_ids"], batch["attention_mask"], strict=True
+            )
+        ]
+        return self.decoder.admit(windows, audio)
+
+    def drop(self, keys: set[Hashable]) -> None:
+        for w in [w for w in self.decoder.live if w.key in keys]:
+            self.decoder.release(w)
+
+    def reset(self) -> None:
+        self.decoder.reset()
+
+    def shrink(self) -> bool:
+        """Halve the slots (after running out of device memory); False at one."""
+        if self.n_slots == 1:
+            return False
+        self.n_slots //= 2
+        del self.decoder
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.decoder = SlotDecoder(self.model, self.n_slots, CONTEXT, self.stops)
+        return True

@@ -1,0 +1,118 @@
+"""The engine's own Qwen3-ASR (engine.qwen3_asr), with random weights of its shape: the token
+ids transformers' Qwen3-ASR gives for the same requests, whatever else shares its slots, and
+the same contract as every stream."""
+
+import numpy as np
+import pytest
+
+from engine import Engine, EngineConfig, OptionsError, TranscriptionOptions
+from engine.audio import decode_audio
+from engine.qwen3_asr import CONTEXT, MAX_PROMPT_TOKENS, Qwen3ASREngine, audio_tokens
+from engine.windows import WindowStream
+from tests.faults.fleet import long_speech
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    from tools.qwen3_asr import make
+
+    return make(tmp_path_factory.mktemp("qwen3") / "qwen3-asr")
+
+
+@pytest.fixture(scope="module")
+def native(made):
+    return Engine.open(EngineConfig(model=str(made), name="qwen3-asr", device="cpu", slots=3))
+
+
+@pytest.fixture(scope="module")
+def inputs(clips):
+    """Every test clip (2.7 to 11 s, English and French) and a 70 s recording of three
+    windows, the last of 10 s; as samples."""
+    data = [c.bytes for c in clips.values()] + [long_speech(clips["en_jfk"].bytes, 7)]
+    return [decode_audio(d) for d in data]
+
+
+def tokens(results):
+    return [[t for s in r.segments for t in s.tokens] for r in results]
+
+
+def test_a_qwen3_asr_directory_runs_natively_and_hf_runs_it_through_transformers(native, made):
+    assert isinstance(native, WindowStream) and isinstance(native.engine, Qwen3ASREngine)
+    through = Engine.open(EngineConfig(model=f"hf:{made}", device="cpu", slots=1))
+    assert type(through.engine).__name__ == "TransformersEngine"
+
+
+def test_native_gives_transformers_token_ids_whatever_shares_its_slots(native, made, inputs):
+    """Each window alone through transformers' `generate`, and all of them through three
+    slots, where windows join and leave between decode steps and a window's neighbours
+    differ from run to run: the same ids, window for window (fp32, CPU)."""
+    through = Engine.open(EngineConfig(model=f"hf:{made}", device="cpu", slots=1))
+    expected = tokens(through.transcribe(inputs))
+    assert tokens(native.transcribe(inputs)) == expected
+    assert tokens(native.transcribe(inputs[::-1])) == expected[::-1]
+    assert sum(map(len, expected)) > 100 * len(inputs)  # decoded far past the prompts
+
+
+def test_windows_join_a_running_pool(native, inputs):
+    """An input submitted while others decode shares the steps and gives what it gives
+    alone; an input aborted mid-decode frees its slots."""
+    alone = [tokens(native.transcribe([x]))[0] for x in inputs[:3]]
+    native.submit("a", inputs[0])
+    native.submit("gone", inputs[-1])
+    native.step()
+    assert native.engine.decoder.free == 0
+    native.submit("b", inputs[1])
+    native.submit("c", inputs[2])
+    native.step()
+    assert native.abort("gone")
+    done = {}
+    while native.busy:
+        done.update({f.owner: f.transcription for f in native.step()})
+    assert [tokens([done[k]])[0] for k in "abc"] == alone
+    assert native.engine.decoder.free == 3 and not native.engine.decoder.live
+
+
+def test_the_encoder_gives_each_window_its_tokens(native, inputs):
+    """As many audio positions as the request holds audio tokens, for whole and partial
+    chunks of one second (the processor's own count)."""
+    engine = native.engine
+    for x in (inputs[0], inputs[0][:12345], np.zeros(160, np.float32)):
+        request = engine.chat.requests([x], [TranscriptionOptions()])
+        frames = int(request["input_features_mask"].sum())
+        held = int((request["input_ids"] == engine.model.audio_token).sum())
+        assert audio_tokens(frames) == held
+    assert CONTEXT >= 30 * 13 + MAX_PROMPT_TOKENS + 448
+
+
+def test_options_it_cannot_honour_are_refused_before_any_work(native):
+    too_long = " ".join(["Paris"] * (MAX_PROMPT_TOKENS + 1))
+    for options, words in [
+        (TranscriptionOptions(task="translate"), "task 'translate'"),
+        (TranscriptionOptions(temperature=(0.4,)), "sampling"),
+        (TranscriptionOptions(word_timestamps=True), "word timestamps"),
+        (TranscriptionOptions(vad=True), "voice activity"),
+        (TranscriptionOptions(language="xx"), "language 'xx'"),
+        (TranscriptionOptions(initial_prompt=too_long), f"at most {MAX_PROMPT_TOKENS}"),
+    ]:
+        with pytest.raises(OptionsError, match=words):
+            native.check(options)
+    forced = native.transcribe([np.zeros(16000, np.float32)], TranscriptionOptions(language="fr"))
+    assert forced[0].language == "fr"
+
+
+def test_a_windows_request_does_not_depend_on_its_neighbours(native, inputs):
+    """The processor floors a batch's log-mel at 8 below its loudest member's peak: requests
+    are built one window at a time, so a quiet window next to a loud one keeps its features
+    (both backends build them so)."""
+    import torch
+
+    chat, greedy = native.engine.chat, TranscriptionOptions()
+    quiet, loud = inputs[0] * 0.01, inputs[-1]
+    alone = chat.requests([quiet], [greedy])
+    together = chat.requests([loud, quiet], [greedy, greedy])
+    width = alone["input_features"].shape[-1]
+    assert together["input_features"].shape[-1] > width
+    assert torch.equal(together["input_features"][1, :, :width], alone["input_features"][0])
+    assert not together["input_features_mask"][1, width:].any()
+    mask = together["attention_mask"][1].bool()
+    assert torch.equal(together["input_ids"][1][mask], alone["input_ids"][0])
