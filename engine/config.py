@@ -57,8 +57,8 @@ class EngineConfig:
     # the encoder's products in the weights' dtype, or in fp8 (e4m3; a scale per weight row
     # and per input row: engine.quantize; CUDA compute capability 8.9+, or the CPU, which
     # rounds alike in fp32 arithmetic). Experimental, for `whisperfleet bench` and accuracy
-    # work: not yet faster, and outside the accuracy rule on base (docs/accuracy.md), so not
-    # a worker setting
+    # work: 1.24x the engine's large-v3-turbo on an H100, but outside the accuracy rule on
+    # base (docs/accuracy.md, docs/benchmarks.md), so not a worker setting
     encoder: Encoder = "model"
 
     # graphs: capture CUDA graphs (default: on CUDA); False runs the same steps eagerly.

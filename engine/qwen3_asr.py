@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,9 +30,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.config import DTYPES, EngineConfig
+from engine.graphs import capture
 from engine.hf import Chat, window_refusals
 from engine.loader import default_device
 from engine.options import OptionsError, TranscriptionOptions
+from engine.slots import DECODE_BUCKETS, bucket, key_bucket
 from engine.weights import read_config, tensors
 from engine.windows import Decoded, Request, WindowModel
 
@@ -216,11 +219,11 @@ class Qwen3ASR(nn.Module):
         p = self.multi_modal_projector
         return p.linear_2(F.gelu(p.linear_1(self.audio_tower(features, frames))))
 
-    def next_tokens(self, x: Tensor) -> list[int]:
+    def next_tokens(self, x: Tensor) -> Tensor:
         """The most likely token after each of the decoder's last hidden states."""
         lm = self.language_model
         head = lm.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (lm.norm(x) @ head.T).argmax(-1).tolist()
+        return (lm.norm(x) @ head.T).argmax(-1)
 
 
 @dataclass(eq=False)
@@ -247,9 +250,12 @@ def _attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
 
 class SlotDecoder:
     """The decoder's keys and values for `n_slots` windows of up to `context` positions each,
-    and the windows in them."""
+    and the windows in them. With `graphs` (CUDA), the decode step is captured once for each
+    (rows bucket, keys bucket) it meets and replayed."""
 
-    def __init__(self, model: Qwen3ASR, n_slots: int, context: int, stops: set[int]):
+    def __init__(
+        self, model: Qwen3ASR, n_slots: int, context: int, stops: set[int], graphs: bool = False
+    ):
         self.model, self.n_slots, self.context, self.stops = model, n_slots, context, stops
         lm = model.language_model
         layer = lm.layers[0]
@@ -259,6 +265,15 @@ class SlotDecoder:
         self.values = torch.zeros_like(self.keys)
         self.live: list[Window] = []
         self._free = list(range(n_slots))
+        # what a step reads and writes, in place: its graphs hold these addresses
+        self._tokens = torch.zeros(n_slots, dtype=torch.long, device=p.device)
+        self._at = torch.zeros_like(self._tokens)  # each row's position
+        self._chosen = torch.zeros_like(self._tokens)
+        self._positions = torch.arange(max(n_slots, context), device=p.device)
+        self.graphs = graphs
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool: tuple | None = None
+        self._stream = torch.cuda.Stream(p.device) if graphs else None
 
     @property
     def free(self) -> int:
@@ -300,33 +315,65 @@ class SlotDecoder:
             x = layer.rest(x, h.transpose(1, 2))
         last = x[torch.arange(len(windows), device=device), lengths - 1]
         self.live += windows
-        return self._take(windows, m.next_tokens(last))
+        return self._take(windows, m.next_tokens(last).tolist())
 
     @torch.inference_mode()
     def step(self) -> list[Window]:
         """One token for every live window; hand back those that finished. The step runs over
-        the slots up to the highest live one (slots are taken lowest first), each reading its
-        keys where they lie: a free slot among them decodes a token nobody reads."""
-        lm = self.model.language_model
-        device = lm.embed_tokens.weight.device
-        rows = max(w.slot for w in self.live) + 1
+        the slots up to the highest live one (slots are taken lowest first; rounded up to a
+        bucket), each reading its keys where they lie: a free slot among them decodes a token
+        nobody reads."""
+        rows = bucket(max(w.slot for w in self.live) + 1, DECODE_BUCKETS, self.n_slots)
         tokens, at = [0] * rows, [0] * rows
         for w in self.live:
             tokens[w.slot], at[w.slot] = w.generated[-1], len(w.prompt) + len(w.generated) - 1
-        seen = max(at) + 1
-        tokens, at = torch.tensor(tokens, device=device), torch.tensor(at, device=device)
-        x = lm.embed_tokens(tokens)
+        seen = key_bucket(max(at) + 1, self.context)
+        self._tokens[:rows].copy_(torch.tensor(tokens))
+        self._at[:rows].copy_(torch.tensor(at))
+        if self.graphs:
+            self._graph(rows, seen).replay()
+        else:
+            self._decode(rows, seen)
+        chosen = self._chosen[:rows].tolist()
+        return self._take(list(self.live), [chosen[w.slot] for w in self.live])
+
+    def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Capture the step for every (rows, keys) bucket not yet captured, on an idle pool (a
+        capture's warm-up writes each row's keys at its position); how many."""
+        if self.live:
+            raise RuntimeError("capture() needs an idle pool")
+        rows = sorted({bucket(n, DECODE_BUCKETS, self.n_slots) for n in DECODE_BUCKETS})
+        seen = sorted({key_bucket(n, self.context) for n in range(1, self.context + 1)})
+        shapes = [(r, k) for r in rows for k in seen if (r, k) not in self._graphs]
+        self._at.zero_()
+        for done, (r, k) in enumerate(shapes, 1):
+            self._graph(r, k)
+            if progress:
+                progress(done, len(shapes))
+        return len(shapes)
+
+    def _graph(self, rows: int, seen: int) -> torch.cuda.CUDAGraph:
+        graph = self._graphs.get((rows, seen))
+        if graph is None:
+            run = partial(self._decode, rows, seen)
+            graph = self._graphs[rows, seen] = capture(run, self._pool, self._stream)
+            self._pool = graph.pool()
+        return graph
+
+    def _decode(self, rows: int, seen: int) -> None:
+        """The step's device work, from and to its buffers: rows [:rows], keys [:seen]."""
+        lm = self.model.language_model
+        at, slots = self._at[:rows], self._positions[:rows]
+        x = lm.embed_tokens(self._tokens[:rows])
         cos, sin = lm.rope(at, x.dtype)
-        mask = torch.arange(seen, device=device) <= at[:, None]
-        slots = torch.arange(rows, device=device)
+        mask = self._positions[:seen] <= at[:, None]
         for i, layer in enumerate(lm.layers):
             q, k, v = layer.qkv(x, cos, sin)
             self.keys[i, slots, :, at] = k
             self.values[i, slots, :, at] = v
             keys, values = self.keys[i, :rows, :, :seen], self.values[i, :rows, :, :seen]
             x = layer.rest(x, _attend(q, keys, values, mask))
-        chosen = self.model.next_tokens(x)
-        return self._take(list(self.live), [chosen[w.slot] for w in self.live])
+        self._chosen[:rows] = self.model.next_tokens(x)
 
     def _take(self, windows: list[Window], tokens: list[int]) -> list[Window]:
         done = []
@@ -391,8 +438,11 @@ class Qwen3ASREngine(WindowModel):
         self.chat = Chat(AutoProcessor.from_pretrained(path))
         stops = settings.get("eos_token_id")
         self.stops = set(stops if isinstance(stops, list) else [stops])
+        self.graphs = cuda if config.graphs is None else config.graphs
+        if self.graphs and not cuda:
+            raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
         self.n_slots = config.slots or self._slots_for(config.slot_memory_bytes)
-        self.decoder = SlotDecoder(self.model, self.n_slots, CONTEXT, self.stops)
+        self.decoder = self._decoder()
 
     def _slots_for(self, memory_bytes: int | None) -> int:
         """As many slots as `memory_bytes` of keys and values hold (default: half the free
@@ -420,7 +470,9 @@ class Qwen3ASREngine(WindowModel):
         return options
 
     def room(self) -> int:
-        return self.decoder.free
+        """Free slots, at most `encoder_batch` a step (EngineConfig): windows join the
+        running decode a few at a time, as the Whisper engine's do."""
+        return min(self.decoder.free, self.config.encoder_batch)
 
     def run(self, windows: list[Request]) -> list[tuple[Hashable, Decoded]]:
         """Admit these windows, then HORIZON decode steps of every live window."""
@@ -445,6 +497,10 @@ class Qwen3ASREngine(WindowModel):
         ]
         return self.decoder.admit(windows, audio)
 
+    def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Every decode step shape, captured now rather than as windows first meet it."""
+        return self.decoder.capture(progress) if self.graphs else 0
+
     def drop(self, keys: set[Hashable]) -> None:
         for w in [w for w in self.decoder.live if w.key in keys]:
             self.decoder.release(w)
@@ -460,5 +516,8 @@ class Qwen3ASREngine(WindowModel):
         del self.decoder
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.decoder = SlotDecoder(self.model, self.n_slots, CONTEXT, self.stops)
+        self.decoder = self._decoder()
         return True
+
+    def _decoder(self) -> SlotDecoder:
+        return SlotDecoder(self.model, self.n_slots, CONTEXT, self.stops, self.graphs)

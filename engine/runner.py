@@ -25,6 +25,7 @@ import torch
 
 from engine.decoding import DecodingRules, WindowResult, WindowTask, build_filters, prompt_tokens
 from engine.decoding import suppressed_tokens as model_suppressed
+from engine.graphs import capture
 from engine.kernels.fp8 import require_fp8
 from engine.kernels.greedy import GreedyRules
 from engine.loader import LoadedModel
@@ -164,31 +165,14 @@ class Runner:
             raise RuntimeError(f"collect the launched steps before you {what}")
 
     def _graph(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
-        """Capture `fn` into a graph sharing one memory pool.
-
-        The warm-up run that capture needs really executes; the decode state it advances is
-        put back afterwards, so capturing mid-stream changes no sequence. Other threads may use
-        the GPU meanwhile (a worker's engine core takes a first pass over long audio on threads
-        of its own), so only this thread's own unsafe calls may break the capture
-        ("thread_local")."""
+        """Capture `fn` into a graph sharing one memory pool (engine.graphs.capture). Its
+        warm-up run really executes; the decode state it advances is put back afterwards, so
+        capturing mid-stream changes no sequence."""
         state = self.slots.state.tensors()
         saved = [t.clone() for t in state]
         if self._capture_stream is None:
             self._capture_stream = torch.cuda.Stream()
-        stream = self._capture_stream
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        # torch.cuda.graph() would also empty the allocator's cache before each capture: the
-        # next warm-up then allocates from the device again, which made capturing every
-        # shape at start take seconds
-        with torch.cuda.stream(stream):
-            fn()  # the warm-up: lazy initialisation, kernel compiles
-            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
-            try:
-                fn()
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(stream)
+        graph = capture(fn, self._pool, self._capture_stream)
         self._pool = graph.pool()
         for t, s in zip(state, saved, strict=True):
             t.copy_(s)

@@ -76,6 +76,10 @@ class WindowModel(ABC):
     def reset(self) -> None:
         """Forget every window."""
 
+    def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Capture the CUDA graphs the model replays, on an idle model; how many."""
+        return 0
+
     @abstractmethod
     def shrink(self) -> bool:
         """Halve the windows at once (after running out of device memory); False at one."""
@@ -156,10 +160,11 @@ class WindowStream(Streaming):
         return self.engine.shrink()
 
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
-        """Run a second of silence through the model (its first call's costs); no graphs."""
+        """Run a second of silence through the model (its first call's costs), then capture
+        the graphs the model has (progress: graphs done, in all); returns how many."""
         self.transcribe([np.zeros(SAMPLE_RATE, np.float32)])
         self.stats = StreamStats()
-        return 0
+        return self.engine.capture(progress)
 
     def warm_next(self) -> bool:
         return False  # no graphs

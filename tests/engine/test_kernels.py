@@ -432,21 +432,25 @@ def test_gated_conv_writes_its_slice_as_torch_does(frames, dilation, segment):
 @pytest.mark.parametrize("k", [384, 1280, 5120, 200])
 def test_rowwise_fp8_casts_each_row_as_torch_does(k):
     """Each row's scale (its largest magnitude over 448) and its e4m3 values as torch's
-    passes make them, over rows of very different magnitudes, a width no power of two."""
+    passes make them, over rows of very different magnitudes, a width no power of two; enough
+    rows that an approximate division shows (it moved 2 values in 100,000 on an H100)."""
     g = torch.Generator().manual_seed(k)
-    x = torch.randn(7, k, generator=g) * torch.logspace(-3, 3, 7)[:, None]
+    rows = 512
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-3, 3, rows)[:, None]
     x = x.to(DEVICE, torch.float16)
     q, scale = triton_rowwise_fp8(x)
     plain_q, plain_scale = torch_rowwise_fp8(x)
-    assert q.dtype == torch.float8_e4m3fn and scale.shape == (7, 1)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (rows, 1)
     assert torch.allclose(scale, plain_scale, rtol=1e-6)
     q, plain_q = q.float(), plain_q.float()
     if torch.cuda.is_available():
         assert torch.equal(q, plain_q)
-    else:  # Triton's interpreter rounds ties away from zero (84 to 88; GPUs to even, 80)
-        # and drops the carry of a mantissa rounded up into the next power of two (-31.09 to
-        # -16, not -32): every value it casts otherwise, as torch does
+    else:  # Triton's interpreter rounds ties away from zero (84 to 88; GPUs to even, 80),
+        # drops the carry of a mantissa rounded up into the next power of two (-31.09 to -16,
+        # not -32) and rounds into e4m3's subnormals (below 2**-6) its own way: every value it
+        # casts otherwise, as torch does
         scaled = x.float() / scale
         tie = (scaled - plain_q).abs() * 2 == (q - plain_q).abs()
         carry = (q * 2 == plain_q) & (plain_q.abs().log2() % 1 == 0)
-        assert (tie | carry)[q != plain_q].all()
+        subnormal = scaled.abs() < 2**-6
+        assert (tie | carry | subnormal)[q != plain_q].all()

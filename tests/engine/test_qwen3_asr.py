@@ -116,3 +116,18 @@ def test_a_windows_request_does_not_depend_on_its_neighbours(native, inputs):
     assert not together["input_features_mask"][1, width:].any()
     mask = together["attention_mask"][1].bool()
     assert torch.equal(together["input_ids"][1][mask], alone["input_ids"][0])
+
+
+@pytest.mark.requires_cuda
+def test_on_cuda_graphs_give_the_eager_steps_tokens_and_fp32_gives_transformers(made, inputs):
+    """fp16: the decode step captured per (rows, keys) bucket and replayed gives what the
+    same steps give run eagerly; fp32: transformers' ids, as on the CPU."""
+    runs = {}
+    for graphs in (False, True):
+        config = EngineConfig(model=str(made), device="cuda", slots=3, graphs=graphs)
+        runs[graphs] = tokens(Engine.open(config).transcribe(inputs))
+    assert runs[True] == runs[False]
+    fp32 = {"device": "cuda", "dtype": "fp32", "slots": 3}
+    native = Engine.open(EngineConfig(model=str(made), **fp32))
+    through = Engine.open(EngineConfig(model=f"hf:{made}", **{**fp32, "slots": 1}))
+    assert tokens(native.transcribe(inputs)) == tokens(through.transcribe(inputs))
