@@ -74,7 +74,7 @@ def main() -> None:
         f"{len(items)} windows ({audio_s:.0f} s of speech), {args.device}, median of "
         f"{args.runs} runs (their spread)\n"
     )
-    print("| model | backend | windows | seconds | windows/s | audio s/s | texts as native |")
+    print("| model | backend | windows | seconds | windows/s | audio s/s | agreement |")
     print("|---|---|---|---|---|---|---|")
     if args.model != "none":
         native, seconds = timed(args.model, args, items, GREEDY)
@@ -84,7 +84,14 @@ def main() -> None:
         pairs = zip(native, through, strict=True)
         same = sum(a.text.strip() == b.text.strip() for a, b in pairs)
         print(
-            row(args.model, "transformers", len(items), audio_s, seconds, f"{same}/{len(items)}"),
+            row(
+                args.model,
+                "transformers",
+                len(items),
+                audio_s,
+                seconds,
+                f"{same}/{len(items)} texts as native",
+            ),
             flush=True,
         )
     if args.qwen:
@@ -98,9 +105,12 @@ def main() -> None:
         name = f"Qwen3-ASR {args.qwen} (random)"
         expected = tokens(through)
         mean = sum(map(len, expected)) / len(items)
-        print(row(name, "transformers", len(items), audio_s, hf_s, f"— ({mean:.0f} tokens)"))
+        print(
+            row(name, "transformers", len(items), audio_s, hf_s, f"— ({mean:.0f} tokens a window)")
+        )
         same = sum(a == b for a, b in zip(tokens(native), expected, strict=True))
-        print(row(name, "native", len(items), audio_s, native_s, f"{same}/{len(items)} tokens"))
+        agree = f"{same}/{len(items)} token ids as transformers"
+        print(row(name, "native", len(items), audio_s, native_s, agree))
         ratio = statistics.median(hf_s) / statistics.median(native_s)
         print(f"\nQwen3-ASR {args.qwen}: native {ratio:.1f}x transformers", flush=True)
 
