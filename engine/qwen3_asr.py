@@ -32,6 +32,8 @@ from torch import Tensor, nn
 from engine.config import DTYPES, EngineConfig
 from engine.graphs import capture
 from engine.hf import Chat, window_refusals
+from engine.kernels import triton_installed
+from engine.kernels.attention import decode_attention
 from engine.loader import default_device
 from engine.options import OptionsError, TranscriptionOptions
 from engine.slots import DECODE_BUCKETS, bucket, key_bucket
@@ -237,24 +239,22 @@ class Window:
     generated: list[int] = field(default_factory=list)
 
 
-def _attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """One query a row over its slot's keys: q (rows, heads, hd); keys and values (rows,
-    kv_heads, positions, hd), read in place; mask (rows, positions). Each key head serves its
-    group of query heads without being copied for them."""
-    rows, heads, hd = q.shape
-    q = q.unflatten(1, (keys.shape[1], -1))  # (rows, kv_heads, group, hd)
-    scores = (q @ keys.transpose(-1, -2)).float() * hd**-0.5
-    scores = scores.masked_fill(~mask[:, None, None, :], -torch.inf).softmax(-1)
-    return (scores.to(values.dtype) @ values).flatten(1, 2)
-
-
 class SlotDecoder:
     """The decoder's keys and values for `n_slots` windows of up to `context` positions each,
-    and the windows in them. With `graphs` (CUDA), the decode step is captured once for each
-    (rows bucket, keys bucket) it meets and replayed."""
+    and the windows in them. A step's attention reads each slot's keys where they lie, up to
+    its own length (`engine.kernels.attention`: with `triton`, the Triton kernel, grouped
+    query heads reading their key head; else SDPA over a keys bucket). With `graphs` (CUDA),
+    the decode step is captured once for each (rows bucket, keys bucket) it meets and
+    replayed."""
 
     def __init__(
-        self, model: Qwen3ASR, n_slots: int, context: int, stops: set[int], graphs: bool = False
+        self,
+        model: Qwen3ASR,
+        n_slots: int,
+        context: int,
+        stops: set[int],
+        graphs: bool = False,
+        triton: bool = False,
     ):
         self.model, self.n_slots, self.context, self.stops = model, n_slots, context, stops
         lm = model.language_model
@@ -270,7 +270,7 @@ class SlotDecoder:
         self._at = torch.zeros_like(self._tokens)  # each row's position
         self._chosen = torch.zeros_like(self._tokens)
         self._positions = torch.arange(max(n_slots, context), device=p.device)
-        self.graphs = graphs
+        self.graphs, self.triton = graphs, triton
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool: tuple | None = None
         self._stream = torch.cuda.Stream(p.device) if graphs else None
@@ -327,7 +327,8 @@ class SlotDecoder:
         tokens, at = [0] * rows, [0] * rows
         for w in self.live:
             tokens[w.slot], at[w.slot] = w.generated[-1], len(w.prompt) + len(w.generated) - 1
-        seen = key_bucket(max(at) + 1, self.context)
+        # the Triton kernel stops at each row's length: one keys bucket, the whole slot
+        seen = self.context if self.triton else key_bucket(max(at) + 1, self.context)
         self._tokens[:rows].copy_(torch.tensor(tokens))
         self._at[:rows].copy_(torch.tensor(at))
         if self.graphs:
@@ -344,6 +345,8 @@ class SlotDecoder:
             raise RuntimeError("capture() needs an idle pool")
         rows = sorted({bucket(n, DECODE_BUCKETS, self.n_slots) for n in DECODE_BUCKETS})
         seen = sorted({key_bucket(n, self.context) for n in range(1, self.context + 1)})
+        if self.triton:
+            seen = [self.context]
         shapes = [(r, k) for r in rows for k in seen if (r, k) not in self._graphs]
         self._at.zero_()
         for done, (r, k) in enumerate(shapes, 1):
@@ -366,13 +369,13 @@ class SlotDecoder:
         at, slots = self._at[:rows], self._positions[:rows]
         x = lm.embed_tokens(self._tokens[:rows])
         cos, sin = lm.rope(at, x.dtype)
-        mask = self._positions[:seen] <= at[:, None]
+        lengths = at + 1
         for i, layer in enumerate(lm.layers):
             q, k, v = layer.qkv(x, cos, sin)
             self.keys[i, slots, :, at] = k
             self.values[i, slots, :, at] = v
             keys, values = self.keys[i, :rows, :, :seen], self.values[i, :rows, :, :seen]
-            x = layer.rest(x, _attend(q, keys, values, mask))
+            x = layer.rest(x, decode_attention(q, keys, values, lengths, self.triton))
         self._chosen[:rows] = self.model.next_tokens(x)
 
     def _take(self, windows: list[Window], tokens: list[int]) -> list[Window]:
@@ -438,6 +441,9 @@ class Qwen3ASREngine(WindowModel):
         self.chat = Chat(AutoProcessor.from_pretrained(path))
         stops = settings.get("eos_token_id")
         self.stops = set(stops if isinstance(stops, list) else [stops])
+        self.triton = config.kernels != "torch" and cuda and triton_installed()
+        if config.kernels == "triton" and not self.triton:
+            raise ValueError("kernels='triton' needs a CUDA device and Triton installed")
         self.graphs = cuda if config.graphs is None else config.graphs
         if self.graphs and not cuda:
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
@@ -520,4 +526,4 @@ class Qwen3ASREngine(WindowModel):
         return True
 
     def _decoder(self) -> SlotDecoder:
-        return SlotDecoder(self.model, self.n_slots, CONTEXT, self.stops, self.graphs)
+        return SlotDecoder(self.model, self.n_slots, CONTEXT, self.stops, self.graphs, self.triton)

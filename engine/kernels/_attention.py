@@ -24,6 +24,7 @@ def split_kernel(
     n_keys,
     scale,
     HAS_LENGTHS: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads a key head serves
     SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,  # positions per split, a multiple of BLOCK_N
     D: tl.constexpr,
@@ -45,8 +46,8 @@ def split_kernel(
     q = (tl.load(q_ptr + b * stride_qb + h * stride_qh + dims).to(tl.float32) * scale).to(
         tl.float32
     )
-    k_row = k_ptr + b * stride_kb + h * stride_kh
-    v_row = v_ptr + b * stride_vb + h * stride_vh
+    k_row = k_ptr + b * stride_kb + (h // GROUP) * stride_kh
+    v_row = v_ptr + b * stride_vb + (h // GROUP) * stride_vh
     m = -float("inf")
     s = 0.0
     acc = tl.zeros([D], dtype=tl.float32)

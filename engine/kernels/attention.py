@@ -7,7 +7,8 @@ a mask for rows of different lengths makes them read at a third of the bandwidth
 kernel here splits the positions across thread blocks (split-K, as flash-decoding does), reads
 K/V once, in whatever dtype the cache holds (fp16, bf16 or fp8), stops at each row's length,
 and merges the partial softmaxes in a second small kernel. Large batches of an fp16/bf16
-cross-attention cache go to cuDNN, which reads it faster.
+cross-attention cache go to cuDNN, which reads it faster. Grouped query heads (Qwen3's decoder:
+more query heads than key heads) read their group's key head where it lies.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def decode_attention(
 ) -> Tensor:
     """
     q: shape = (batch, n_head, d_head), one query per row
-    k, v: shape = (batch, n_head, n_keys, d_head), any float dtype (fp8 is widened)
+    k, v: shape = (batch, n_kv_head, n_keys, d_head), any float dtype (fp8 is widened); query
+      head h reads key head h // (n_head // n_kv_head)
     lengths: shape = (batch,), how many leading keys each row sees (default: all n_keys)
     triton: use the Triton kernel where it pays (on CUDA), else SDPA
     returns: shape = (batch, n_head, d_head), in q's dtype
@@ -55,8 +57,9 @@ def torch_decode_attention(
     if lengths is not None:
         mask = torch.arange(k.shape[2], device=k.device) < lengths[:, None, None, None]
     out = F.scaled_dot_product_attention(
-        q[:, :, None], k.to(q.dtype), v.to(q.dtype), attn_mask=mask
-    )
+        q[:, :, None], k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )  # fmt: skip
     return out[:, :, 0]
 
 
@@ -79,7 +82,8 @@ def triton_decode_attention(
 ) -> Tensor:
     from engine.kernels._attention import combine_kernel, split_kernel
 
-    b, h, n_keys, d = k.shape
+    b, kv_heads, n_keys, d = k.shape
+    h = q.shape[1]
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("the last dimension of q, k and v must be contiguous")
     splits = n_splits(b, h, n_keys, target_programs, min_chunk)
@@ -100,6 +104,7 @@ def triton_decode_attention(
         n_keys,
         1.0 / math.sqrt(d),
         HAS_LENGTHS=lengths is not None,
+        GROUP=h // kv_heads,
         SPLITS=splits,
         CHUNK=chunk,
         D=d,

@@ -65,16 +65,18 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(
-    "batch, heads, keys, dtype, lengths",
+    "batch, heads, keys, dtype, lengths, kv_heads",
     [
-        (2, 3, 1500, torch.float16, False),  # cross-attention, split over positions
-        (1, 6, 1500, torch.float32, False),
-        (3, 2, 192, torch.float16, True),  # self-attention: each row sees its own prefix
-        (2, 2, 320, torch.bfloat16, True),
-        (2, 3, 1500, torch.float8_e4m3fn, False),  # fp8 cache, fp16 query
+        (2, 3, 1500, torch.float16, False, 3),  # cross-attention, split over positions
+        (1, 6, 1500, torch.float32, False, 6),
+        (3, 2, 192, torch.float16, True, 2),  # self-attention: each row sees its own prefix
+        (2, 2, 320, torch.bfloat16, True, 2),
+        (2, 3, 1500, torch.float8_e4m3fn, False, 3),  # fp8 cache, fp16 query
+        (3, 4, 600, torch.float16, True, 2),  # grouped query heads (Qwen3): two a key head
+        (2, 6, 700, torch.float32, True, 3),
     ],
 )
-def test_decode_attention_matches_float64_reference(batch, heads, keys, dtype, lengths):
+def test_decode_attention_matches_float64_reference(batch, heads, keys, dtype, lengths, kv_heads):
     g = torch.Generator().manual_seed(batch * 1000 + keys)
 
     def rand(*shape):
@@ -83,8 +85,8 @@ def test_decode_attention_matches_float64_reference(batch, heads, keys, dtype, l
     q_dtype = torch.float16 if dtype == torch.float8_e4m3fn else dtype
     q = rand(batch, heads, 64).to(q_dtype)
     # a cache holds more positions than are read, and rows beyond a length hold garbage
-    k = rand(batch, heads, keys + 64, 64).to(dtype)[:, :, :keys]
-    v = rand(batch, heads, keys + 64, 64).to(dtype)[:, :, :keys]
+    k = rand(batch, kv_heads, keys + 64, 64).to(dtype)[:, :, :keys]
+    v = rand(batch, kv_heads, keys + 64, 64).to(dtype)[:, :, :keys]
     n = torch.randint(1, keys + 1, (batch,), generator=g).to(DEVICE) if lengths else None
     ref = torch_decode_attention(q.double(), k.double(), v.double(), n)
     out = triton_decode_attention(q, k, v, n)
