@@ -221,11 +221,14 @@ class Qwen3ASR(nn.Module):
         p = self.multi_modal_projector
         return p.linear_2(F.gelu(p.linear_1(self.audio_tower(features, frames))))
 
-    def next_tokens(self, x: Tensor) -> Tensor:
-        """The most likely token after each of the decoder's last hidden states."""
+    def next_tokens(self, x: Tensor, stops: Tensor, quiet: Tensor) -> Tensor:
+        """The most likely token after each of the decoder's last hidden states; none of
+        `stops` (token ids) for the rows `quiet` holds."""
         lm = self.language_model
         head = lm.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (lm.norm(x) @ head.T).argmax(-1)
+        logits = lm.norm(x) @ head.T
+        logits[:, stops] = logits[:, stops].masked_fill(quiet[:, None], -torch.inf)
+        return logits.argmax(-1)
 
 
 @dataclass(eq=False)
@@ -235,6 +238,8 @@ class Window:
     key: Hashable
     prompt: list[int]
     language: str | None  # forced by the job, else the model's answer
+    least: int = 0  # tokens before an end of turn may come (TranscriptionOptions.min_tokens)
+    most: int = MAX_NEW_TOKENS  # tokens at most (TranscriptionOptions.sample_len)
     slot: int = -1
     generated: list[int] = field(default_factory=list)
 
@@ -269,6 +274,8 @@ class SlotDecoder:
         self._tokens = torch.zeros(n_slots, dtype=torch.long, device=p.device)
         self._at = torch.zeros_like(self._tokens)  # each row's position
         self._chosen = torch.zeros_like(self._tokens)
+        self._quiet = torch.zeros(n_slots, dtype=torch.bool, device=p.device)  # stops held back
+        self._stops = torch.tensor(sorted(stops), device=p.device)
         self._positions = torch.arange(max(n_slots, context), device=p.device)
         self.graphs, self.triton = graphs, triton
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -315,7 +322,8 @@ class SlotDecoder:
             x = layer.rest(x, h.transpose(1, 2))
         last = x[torch.arange(len(windows), device=device), lengths - 1]
         self.live += windows
-        return self._take(windows, m.next_tokens(last).tolist())
+        quiet = torch.tensor([w.least > 0 for w in windows], device=device)
+        return self._take(windows, m.next_tokens(last, self._stops, quiet).tolist())
 
     @torch.inference_mode()
     def step(self) -> list[Window]:
@@ -324,13 +332,15 @@ class SlotDecoder:
         bucket), each reading its keys where they lie: a free slot among them decodes a token
         nobody reads."""
         rows = bucket(max(w.slot for w in self.live) + 1, DECODE_BUCKETS, self.n_slots)
-        tokens, at = [0] * rows, [0] * rows
+        tokens, at, quiet = [0] * rows, [0] * rows, [False] * rows
         for w in self.live:
             tokens[w.slot], at[w.slot] = w.generated[-1], len(w.prompt) + len(w.generated) - 1
+            quiet[w.slot] = len(w.generated) < w.least
         # the Triton kernel stops at each row's length: one keys bucket, the whole slot
         seen = self.context if self.triton else key_bucket(max(at) + 1, self.context)
         self._tokens[:rows].copy_(torch.tensor(tokens))
         self._at[:rows].copy_(torch.tensor(at))
+        self._quiet[:rows].copy_(torch.tensor(quiet))
         if self.graphs:
             self._graph(rows, seen).replay()
         else:
@@ -376,14 +386,14 @@ class SlotDecoder:
             self.values[i, slots, :, at] = v
             keys, values = self.keys[i, :rows, :, :seen], self.values[i, :rows, :, :seen]
             x = layer.rest(x, decode_attention(q, keys, values, lengths, self.triton))
-        self._chosen[:rows] = self.model.next_tokens(x)
+        self._chosen[:rows] = self.model.next_tokens(x, self._stops, self._quiet[:rows])
 
     def _take(self, windows: list[Window], tokens: list[int]) -> list[Window]:
         done = []
         for w, token in zip(windows, tokens, strict=True):
             w.generated.append(token)
             full = len(w.prompt) + len(w.generated) >= self.context
-            if token in self.stops or len(w.generated) >= MAX_NEW_TOKENS or full:
+            if token in self.stops or len(w.generated) >= w.most or full:
                 done.append(w)
         for w in done:
             self.release(w)
@@ -467,6 +477,11 @@ class Qwen3ASREngine(WindowModel):
         cannot = window_refusals(options) + self.chat.refusals(options.language)
         if options.task != "transcribe":
             cannot.append(f"task {options.task!r}: Qwen3-ASR transcribes")
+        most = options.sample_len or MAX_NEW_TOKENS
+        if not 0 < most <= MAX_NEW_TOKENS:
+            cannot.append(f"sample_len {options.sample_len} (1 to {MAX_NEW_TOKENS} tokens)")
+        if not 0 <= options.min_tokens <= most:
+            cannot.append(f"min_tokens {options.min_tokens} (0 to {most})")
         if options.initial_prompt:
             n = len(self.chat.processor.tokenizer(options.initial_prompt)["input_ids"])
             if n > MAX_PROMPT_TOKENS:
@@ -496,7 +511,13 @@ class Qwen3ASREngine(WindowModel):
             features = batch["input_features"].to(self.device, self.dtype)
             audio = self.model.audio(features, frames.to(self.device))
         windows = [
-            Window(key, row[mask.bool()].tolist(), options.language)
+            Window(
+                key,
+                row[mask.bool()].tolist(),
+                options.language,
+                options.min_tokens,
+                options.sample_len or MAX_NEW_TOKENS,
+            )
             for (key, _, options), row, mask in zip(
                 requests, batch["input_ids"], batch["attention_mask"], strict=True
             )

@@ -14,30 +14,56 @@ or in fp8 ("engine fp8"), that and the encoder's products in fp8 ("engine fp8 en
 batch 1 (median of several runs, with their range), peak GPU memory, and the engine's
 windows/s over transformers' static cache at the same batch. The second part, real weights
 on real speech, is `tools.gpu_checks`.
+
+Qwen3-ASR's shapes (`qwen3-asr-0.6B`, `qwen3-asr-1.7B`, and `qwen3-asr-tiny` for tests:
+random weights made once into the cache by `tools.qwen3_asr`) run the same way on random 30 s
+audio, a forced language, exactly `tokens` new tokens a window: the engine's own
+implementation ("engine", fp16) against transformers' Qwen3-ASR `generate` over the same
+requests (`engine.hf.Chat`), with its dynamic or static cache.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from engine.decoding import DecodingRules
 from engine.engine import Engine, EngineConfig
-from engine.loader import RANDOM_CONFIGS, random_tokenizer
-from engine.mel import N_FRAMES
+from engine.loader import RANDOM_CONFIGS, default_cache_dir, random_tokenizer
+from engine.mel import N_FRAMES, SAMPLE_RATE
 from engine.options import TranscriptionOptions
+from engine.windows import WindowStream
+from tools import qwen3_asr
 
 WINDOW_SECONDS = 30.0
 LATENCY_RUNS = 7  # batch 1: the median of this many runs, and their range
 ENGINE_SYSTEMS = ("engine", "fp8", "fp8enc", "bf16")
 # transformers: Whisper's generate with either cache, the generic one ("plain"); the engine's
 SYSTEMS = ("dynamic", "static", "plain", *ENGINE_SYSTEMS)
+# Qwen3-ASR's shapes beside RANDOM_CONFIGS': the released 0.6B and 1.7B, and a tiny one
+QWEN3 = tuple(f"qwen3-asr-{size}" for size in qwen3_asr.SIZES)
+SIZES = (*RANDOM_CONFIGS, *QWEN3)
+
+
+def qwen3_dir(size: str) -> Path:
+    """A Qwen3-ASR of `size` (qwen3-asr-0.6B, ...) with random weights, made once into the
+    cache (in a folder of its own first, so that a half-made one is never found)."""
+    path = default_cache_dir() / "models" / f"random-{size}"
+    if not (path / "config.json").is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            made = qwen3_asr.make(Path(tmp) / "model", size.removeprefix("qwen3-asr-"))
+            if not path.exists():
+                made.rename(path)
+    return path
 
 
 @dataclass
@@ -88,10 +114,13 @@ def engine_run(
         }
     )
     stream = Engine.open(config)
-    n_mels = stream.engine.loaded.dims.n_mels
+    if isinstance(stream, WindowStream):  # Qwen3-ASR makes its own features: audio
+        shape: tuple[int, ...] = (int(WINDOW_SECONDS) * SAMPLE_RATE,)
+    else:
+        shape = (stream.engine.loaded.dims.n_mels, N_FRAMES)
     g = np.random.default_rng(0)
     inputs = [
-        stream.prepare(g.standard_normal((n_mels, N_FRAMES), dtype=np.float32))
+        stream.prepare(g.standard_normal(shape, dtype=np.float32))
         for _ in range(min(n_windows, 64))
     ]
     options = {
@@ -130,8 +159,10 @@ def bench_engine(
         label = f"{tokens[0]}-{tokens[1]}"
     else:
         lengths, label = [tokens], str(tokens)
+    if size in QWEN3 and system != "engine":
+        raise ValueError(f"{size}: the engine's Qwen3-ASR runs in fp16 only (system engine)")
     config = EngineConfig(
-        model=f"random:{size}",
+        model=str(qwen3_dir(size)) if size in QWEN3 else f"random:{size}",
         device="cuda",
         dtype="bf16" if system == "bf16" else "fp16",
         slots=batch,
@@ -221,8 +252,39 @@ def transformers_run(
     return run
 
 
+def qwen3_transformers_run(
+    size: str, batch: int, cache: str, tokens: int, device: torch.device, dtype: torch.dtype
+) -> Callable[[], torch.Tensor]:
+    """`batch` random 30 s windows' requests through transformers' Qwen3-ASR `generate`,
+    `tokens` new tokens each. cache: "dynamic" or "static"."""
+    from transformers import AutoProcessor, Qwen3ASRForConditionalGeneration
+
+    from engine.hf import Chat
+
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"{size}: transformers runs Qwen3-ASR with the dynamic or static cache")
+    path = qwen3_dir(size)
+    model = Qwen3ASRForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device)
+    g = np.random.default_rng(0)
+    windows = [g.standard_normal(int(WINDOW_SECONDS) * SAMPLE_RATE, dtype=np.float32)] * batch
+    options = [TranscriptionOptions(language="en")] * batch
+    inputs = Chat(AutoProcessor.from_pretrained(path)).requests(windows, options)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    inputs["input_features"] = inputs["input_features"].to(dtype)
+    fixed = {"min_new_tokens": tokens, "max_new_tokens": tokens, "do_sample": False}
+    if cache == "static":
+        fixed["cache_implementation"] = "static"
+
+    @torch.inference_mode()
+    def run() -> torch.Tensor:
+        return model.eval().generate(**inputs, **fixed)
+
+    return run
+
+
 def bench_transformers(size: str, batch: int, cache: str, tokens: int) -> Row:
-    run = transformers_run(size, batch, cache, tokens, torch.device("cuda"), torch.float16)
+    peer = qwen3_transformers_run if size in QWEN3 else transformers_run
+    run = peer(size, batch, cache, tokens, torch.device("cuda"), torch.float16)
     best, runs, peak = _timed(run, batch)
     row = Row(f"random:{size}", f"transformers {cache}", batch, batch / best, None, peak)
     if batch == 1:

@@ -3,7 +3,7 @@ work is what the engine's is."""
 
 import torch
 
-from tools.bench import Row, engine_run, table, transformers_run
+from tools.bench import Row, engine_run, qwen3_dir, qwen3_transformers_run, table, transformers_run
 
 
 def test_table_gives_engine_rows_their_ratios_over_transformers_at_the_same_batch():
@@ -50,3 +50,20 @@ def test_the_engine_runs_its_work_through_a_stream_each_window_exactly_its_lengt
     assert run() == tokens  # greedy, the same work again
     first = tokens[0]
     assert all(t[:3] == first for t in tokens[::3])  # the same input (an input every 3)
+
+
+def test_qwen3_asr_runs_the_same_work_in_the_engine_and_in_transformers():
+    """Qwen3-ASR's shape: each window exactly its tokens through the engine's stream, and
+    transformers' generate over the same requests, the prompt then `tokens` new tokens."""
+    from engine import EngineConfig
+
+    path = qwen3_dir("qwen3-asr-tiny")
+    assert qwen3_dir("qwen3-asr-tiny") == path and (path / "config.json").is_file()  # made once
+    config = EngineConfig(model=str(path), device="cpu", slots=2)
+    tokens = engine_run(config, 3, [4, 7])()
+    assert [len(t) for t in tokens] == [4, 7, 4]
+    run = qwen3_transformers_run(
+        "qwen3-asr-tiny", 2, "static", 5, torch.device("cpu"), torch.float32
+    )
+    out = run()
+    assert out.shape[0] == 2 and (out.shape[1] - 5) > 390  # 30 s of audio tokens, the request

@@ -53,6 +53,44 @@ def test_native_gives_transformers_token_ids_whatever_shares_its_slots(native, m
     assert sum(map(len, expected)) > 100 * len(inputs)  # decoded far past the prompts
 
 
+def test_a_window_decodes_the_tokens_it_is_told_to(native, made, inputs):
+    """min_tokens and sample_len (the benchmarks' fixed work): no end of turn before the
+    first, none past the second, as transformers' `generate` with min_new_tokens and
+    max_new_tokens gives them."""
+    import torch
+
+    through = Engine.open(EngineConfig(model=f"hf:{made}", device="cpu", slots=1)).engine
+    for n in (5, 60):
+        fixed = TranscriptionOptions(language="en", min_tokens=n, sample_len=n)
+        ours = tokens(native.transcribe(inputs[:3], fixed))
+        for x, mine in zip(inputs[:3], ours, strict=True):
+            request = through.chat.requests([x], [fixed])
+            with torch.inference_mode():
+                ids = through.model.generate(
+                    **request, do_sample=False, min_new_tokens=n, max_new_tokens=n
+                )[0, request["input_ids"].shape[1] :]
+            assert len(ids) == n
+            assert mine == through.chat.answer(ids.tolist(), "en")[0]
+
+
+def test_a_row_held_back_never_chooses_an_end_of_turn(native):
+    """The states whose best token is an end of turn: free, they choose it; held back (fewer
+    tokens than min_tokens), the best of the rest."""
+    import torch
+
+    model, stops = native.engine.model, sorted(native.engine.stops)
+    with torch.inference_mode():
+        x = model.lm_head.weight[stops]  # a state that points at its own token
+        logits = model.language_model.norm(x) @ model.lm_head.weight.T
+        free = model.next_tokens(x, torch.tensor(stops), torch.zeros(len(stops), dtype=bool))
+        held = model.next_tokens(x, torch.tensor(stops), torch.ones(len(stops), dtype=bool))
+    assert free.tolist() == stops
+    logits = logits.clone()
+    logits[:, stops] = -torch.inf
+    assert held.tolist() == logits.argmax(-1).tolist()
+    assert not set(held.tolist()) & set(stops)
+
+
 def test_windows_join_a_running_pool(native, inputs):
     """An input submitted while others decode shares the steps and gives what it gives
     alone; an input aborted mid-decode frees its slots."""
@@ -93,6 +131,8 @@ def test_options_it_cannot_honour_are_refused_before_any_work(native):
         (TranscriptionOptions(vad=True), "voice activity"),
         (TranscriptionOptions(language="xx"), "language 'xx'"),
         (TranscriptionOptions(initial_prompt=too_long), f"at most {MAX_PROMPT_TOKENS}"),
+        (TranscriptionOptions(sample_len=449), "sample_len 449"),
+        (TranscriptionOptions(min_tokens=9, sample_len=8), "min_tokens 9"),
     ]:
         with pytest.raises(OptionsError, match=words):
             native.check(options)

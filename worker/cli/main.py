@@ -604,12 +604,11 @@ def _eval(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import torch
 
-    from engine.loader import RANDOM_CONFIGS
     from tools import bench, gpu_checks
 
     if args.real:
         _manifest(args.manifest)
-    sizes = _names("--model", args.model, RANDOM_CONFIGS)
+    sizes = _names("--model", args.model, bench.SIZES)
     systems = _names("--systems", args.systems, bench.SYSTEMS)
     json_path = _output_file("--json", args.json) if args.json else None
     if not torch.cuda.is_available():
@@ -869,8 +868,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default="tiny,base,small,large-v3",
-        help="Whisper sizes with random weights, comma-separated: tiny, base, small, medium, "
-        "large-v3 (default tiny,base,small,large-v3)",
+        help="sizes with random weights, comma-separated: Whisper's tiny, base, small, medium, "
+        "large-v3, large-v3-turbo, distil-large-v3, ...; Qwen3-ASR's qwen3-asr-0.6B, "
+        "qwen3-asr-1.7B (engine against transformers' dynamic or static cache) "
+        "(default tiny,base,small,large-v3)",
     )
     p.add_argument(
         "--batches",
