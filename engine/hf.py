@@ -65,6 +65,8 @@ def window_refusals(options: TranscriptionOptions) -> list[str]:
         cannot.append("voice activity or speakers (the native engine's, for Whisper models)")
     if options.temperature[0] > 0:
         cannot.append("sampling (temperature above 0): it decodes greedily")
+    if options.hallucination_silence_threshold is not None:
+        cannot.append("hallucination_silence_threshold (the native engine's, with word timings)")
     return cannot
 
 
@@ -121,6 +123,8 @@ class TransformersEngine(WindowModel):
         cannot = window_refusals(options)
         if options.initial_prompt and not self.chat:
             cannot.append("a prompt")
+        if options.sample_len is not None or options.min_tokens:
+            cannot.append("a number of tokens a window (sample_len, min_tokens)")
         if options.task != "transcribe" and not self.languages:
             cannot.append(f"task {options.task!r}: only a multilingual Whisper model translates")
         if options.language is not None:

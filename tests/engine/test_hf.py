@@ -140,6 +140,9 @@ def test_an_audio_language_model_takes_a_language_and_a_prompt_and_refuses_the_r
         (TranscriptionOptions(temperature=(0.4,)), "sampling"),
         (TranscriptionOptions(word_timestamps=True), "word timestamps"),
         (TranscriptionOptions(language="tlh"), "language 'tlh'"),
+        (TranscriptionOptions(sample_len=50), "number of tokens"),
+        (TranscriptionOptions(min_tokens=5), "number of tokens"),
+        (TranscriptionOptions(hallucination_silence_threshold=2.0), "hallucination_silence"),
     ]:
         with pytest.raises(OptionsError, match=words):
             qwen3.check(options)

@@ -133,6 +133,7 @@ def test_options_it_cannot_honour_are_refused_before_any_work(native):
         (TranscriptionOptions(initial_prompt=too_long), f"at most {MAX_PROMPT_TOKENS}"),
         (TranscriptionOptions(sample_len=449), "sample_len 449"),
         (TranscriptionOptions(min_tokens=9, sample_len=8), "min_tokens 9"),
+        (TranscriptionOptions(hallucination_silence_threshold=2.0), "hallucination_silence"),
     ]:
         with pytest.raises(OptionsError, match=words):
             native.check(options)
