@@ -44,6 +44,7 @@ CHUNK_FRAMES = 100  # mel frames a convolution chunk (1 s)
 CHUNK_TOKENS = 13  # positions a whole chunk leaves after three stride-2 convolutions
 WINDOW_CHUNKS = 8  # chunks an attention window (n_window_infer 800 frames)
 MAX_NEW_TOKENS = 448  # an answer for one window at most (engine.hf's bound too)
+HORIZON = 4  # decode steps queued between reads of their tokens (engine.runner's too)
 
 
 def tokens_after_convolutions(frames: Tensor) -> Tensor:
@@ -274,11 +275,13 @@ class SlotDecoder:
         self._tokens = torch.zeros(n_slots, dtype=torch.long, device=p.device)
         self._at = torch.zeros_like(self._tokens)  # each row's position
         self._chosen = torch.zeros_like(self._tokens)
-        self._quiet = torch.zeros(n_slots, dtype=torch.bool, device=p.device)  # stops held back
+        self._count = torch.zeros_like(self._tokens)  # tokens each row has generated
+        self._least = torch.zeros_like(self._tokens)  # before which its stops are held back
+        self._history = torch.zeros(HORIZON, n_slots, dtype=torch.long, device=p.device)
         self._stops = torch.tensor(sorted(stops), device=p.device)
         self._positions = torch.arange(max(n_slots, context), device=p.device)
         self.graphs, self.triton = graphs, triton
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._pool: tuple | None = None
         self._stream = torch.cuda.Stream(p.device) if graphs else None
 
@@ -323,78 +326,97 @@ class SlotDecoder:
         last = x[torch.arange(len(windows), device=device), lengths - 1]
         self.live += windows
         quiet = torch.tensor([w.least > 0 for w in windows], device=device)
-        return self._take(windows, m.next_tokens(last, self._stops, quiet).tolist())
+        first = m.next_tokens(last, self._stops, quiet).tolist()
+        return self._take(windows, [[t] for t in first])
 
     @torch.inference_mode()
     def step(self) -> list[Window]:
-        """One token for every live window; hand back those that finished. The step runs over
-        the slots up to the highest live one (slots are taken lowest first; rounded up to a
-        bucket), each reading its keys where they lie: a free slot among them decodes a token
-        nobody reads."""
+        """HORIZON tokens for every live window (fewer where one nears the end of its slot),
+        queued on the device and read back once; hand back the windows that finished (a
+        window's tokens after its end are dropped). The steps run over the slots up to the
+        highest live one (slots are taken lowest first; rounded up to a bucket), each reading
+        its keys where they lie: a free slot among them decodes tokens nobody reads."""
         rows = bucket(max(w.slot for w in self.live) + 1, DECODE_BUCKETS, self.n_slots)
-        tokens, at, quiet = [0] * rows, [0] * rows, [False] * rows
+        tokens, at, count, least = ([0] * rows for _ in range(4))
         for w in self.live:
             tokens[w.slot], at[w.slot] = w.generated[-1], len(w.prompt) + len(w.generated) - 1
-            quiet[w.slot] = len(w.generated) < w.least
+            count[w.slot], least[w.slot] = len(w.generated), w.least
+        steps = HORIZON if max(at) + HORIZON < self.context else 1
         # the Triton kernel stops at each row's length: one keys bucket, the whole slot
-        seen = self.context if self.triton else key_bucket(max(at) + 1, self.context)
-        self._tokens[:rows].copy_(torch.tensor(tokens))
-        self._at[:rows].copy_(torch.tensor(at))
-        self._quiet[:rows].copy_(torch.tensor(quiet))
+        seen = self.context if self.triton else key_bucket(max(at) + steps, self.context)
+        buffers = (self._tokens, self._at, self._count, self._least)
+        for buffer, values in zip(buffers, (tokens, at, count, least), strict=True):
+            buffer[:rows].copy_(torch.tensor(values))
         if self.graphs:
-            self._graph(rows, seen).replay()
+            self._graph(rows, seen, steps).replay()
         else:
-            self._decode(rows, seen)
-        chosen = self._chosen[:rows].tolist()
-        return self._take(list(self.live), [chosen[w.slot] for w in self.live])
+            self._decode(rows, seen, steps)
+        history = self._history[:steps, :rows].T.tolist()
+        return self._take(list(self.live), [history[w.slot] for w in self.live])
 
     def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
-        """Capture the step for every (rows, keys) bucket not yet captured, on an idle pool (a
-        capture's warm-up writes each row's keys at its position); how many."""
+        """Capture the steps for every (rows, keys) bucket not yet captured, HORIZON of them
+        and one, on an idle pool (a capture's warm-up writes each row's keys at its
+        positions); how many."""
         if self.live:
             raise RuntimeError("capture() needs an idle pool")
         rows = sorted({bucket(n, DECODE_BUCKETS, self.n_slots) for n in DECODE_BUCKETS})
         seen = sorted({key_bucket(n, self.context) for n in range(1, self.context + 1)})
         if self.triton:
             seen = [self.context]
-        shapes = [(r, k) for r in rows for k in seen if (r, k) not in self._graphs]
+        shapes = [
+            (r, k, n)
+            for r in rows
+            for k in seen
+            for n in (HORIZON, 1)
+            if (r, k, n) not in self._graphs
+        ]
         self._at.zero_()
-        for done, (r, k) in enumerate(shapes, 1):
-            self._graph(r, k)
+        for done, shape in enumerate(shapes, 1):
+            self._graph(*shape)
             if progress:
                 progress(done, len(shapes))
         return len(shapes)
 
-    def _graph(self, rows: int, seen: int) -> torch.cuda.CUDAGraph:
-        graph = self._graphs.get((rows, seen))
+    def _graph(self, rows: int, seen: int, steps: int) -> torch.cuda.CUDAGraph:
+        graph = self._graphs.get((rows, seen, steps))
         if graph is None:
-            run = partial(self._decode, rows, seen)
-            graph = self._graphs[rows, seen] = capture(run, self._pool, self._stream)
+            run = partial(self._decode, rows, seen, steps)
+            graph = self._graphs[rows, seen, steps] = capture(run, self._pool, self._stream)
             self._pool = graph.pool()
         return graph
 
-    def _decode(self, rows: int, seen: int) -> None:
-        """The step's device work, from and to its buffers: rows [:rows], keys [:seen]."""
+    def _decode(self, rows: int, seen: int, steps: int) -> None:
+        """The steps' device work, from and to their buffers: rows [:rows], keys [:seen];
+        each step's tokens into `_history` and back in as the next step's."""
         lm = self.model.language_model
         at, slots = self._at[:rows], self._positions[:rows]
-        x = lm.embed_tokens(self._tokens[:rows])
-        cos, sin = lm.rope(at, x.dtype)
-        lengths = at + 1
-        for i, layer in enumerate(lm.layers):
-            q, k, v = layer.qkv(x, cos, sin)
-            self.keys[i, slots, :, at] = k
-            self.values[i, slots, :, at] = v
-            keys, values = self.keys[i, :rows, :, :seen], self.values[i, :rows, :, :seen]
-            x = layer.rest(x, decode_attention(q, keys, values, lengths, self.triton))
-        self._chosen[:rows] = self.model.next_tokens(x, self._stops, self._quiet[:rows])
+        for step in range(steps):
+            x = lm.embed_tokens(self._tokens[:rows])
+            cos, sin = lm.rope(at, x.dtype)
+            lengths = at + 1
+            for i, layer in enumerate(lm.layers):
+                q, k, v = layer.qkv(x, cos, sin)
+                self.keys[i, slots, :, at] = k
+                self.values[i, slots, :, at] = v
+                keys, values = self.keys[i, :rows, :, :seen], self.values[i, :rows, :, :seen]
+                x = layer.rest(x, decode_attention(q, keys, values, lengths, self.triton))
+            quiet = self._count[:rows] < self._least[:rows]
+            self._history[step, :rows] = self.model.next_tokens(x, self._stops, quiet)
+            self._tokens[:rows] = self._history[step, :rows]
+            at += 1
+            self._count[:rows] += 1
 
-    def _take(self, windows: list[Window], tokens: list[int]) -> list[Window]:
+    def _take(self, windows: list[Window], tokens: list[list[int]]) -> list[Window]:
+        """Each window's new tokens, up to its end: a stop, `most` tokens, or a full slot."""
         done = []
-        for w, token in zip(windows, tokens, strict=True):
-            w.generated.append(token)
-            full = len(w.prompt) + len(w.generated) >= self.context
-            if token in self.stops or len(w.generated) >= w.most or full:
-                done.append(w)
+        for w, new in zip(windows, tokens, strict=True):
+            for token in new:
+                w.generated.append(token)
+                full = len(w.prompt) + len(w.generated) >= self.context
+                if token in self.stops or len(w.generated) >= w.most or full:
+                    done.append(w)
+                    break
         for w in done:
             self.release(w)
         return done
@@ -412,7 +434,7 @@ class SlotDecoder:
 MAX_PROMPT_TOKENS = 224  # a job's prompt (the request's context) at most, as Whisper's
 # positions a slot holds: a 30 s window's audio, the request around it, a prompt, an answer
 CONTEXT = 30 * CHUNK_TOKENS + 64 + MAX_PROMPT_TOKENS + MAX_NEW_TOKENS
-HORIZON = 8  # decode steps a `run`, between admissions
+RUN_STEPS = 2 * HORIZON  # decode steps a `run`, between admissions
 MAX_SLOTS = 256
 
 
@@ -496,9 +518,9 @@ class Qwen3ASREngine(WindowModel):
         return min(self.decoder.free, self.config.encoder_batch)
 
     def run(self, windows: list[Request]) -> list[tuple[Hashable, Decoded]]:
-        """Admit these windows, then HORIZON decode steps of every live window."""
+        """Admit these windows, then RUN_STEPS decode steps of every live window."""
         done = self._admit(windows) if windows else []
-        for _ in range(HORIZON):
+        for _ in range(RUN_STEPS // HORIZON):
             if not self.decoder.live:
                 break
             done += self.decoder.step()
