@@ -117,12 +117,12 @@ def test_twenty_malformed_inputs_among_good_ones_fail_alone(fleet, inputs):
     """In the same batches as good inputs (8 threads, the bad ones queued among the last good
     ones), each malformed one fails alone, and no good one fails or runs twice."""
     bad = malformed(inputs[0])
-    good_ids = submit_many(fleet, inputs, 60)
+    good_ids = submit_many(fleet, inputs, 30)
     bad_ids = [fleet.submit(data, kind, fmt) for data, kind, fmt in bad]
     worker = fleet.start_worker()
     fleet.wait_all(good_ids + bad_ids, timeout=600)
     tally = fleet.tally(good_ids + bad_ids)
-    assert (tally.succeeded, tally.failed, tally.duplicates, tally.lost) == (60, 20, 0, 0)
+    assert (tally.succeeded, tally.failed, tally.duplicates, tally.lost) == (30, 20, 0, 0)
     for job_id in bad_ids:
         error = fleet.store.get(job_id).error
         assert error.code in ("invalid_audio", "invalid_spectrogram") and error.message
