@@ -14,6 +14,7 @@ import torch
 from engine.audio import Audio
 from engine.decoding import DecodingRules
 from engine.host import MAX_AUDIO_S
+from engine.kernels import triton_installed
 
 Dtype = Literal["auto", "fp32", "fp16", "bf16"]
 CrossKV = Literal["model", "fp8"]
@@ -87,3 +88,25 @@ class EngineConfig:
                 raise ValueError(f"{name} {getattr(self, name)!r}: expected one of {expected}")
         if not self.max_audio_s > 0:
             raise ValueError(f"max_audio_s {self.max_audio_s!r}: expected seconds above 0")
+
+    def placement(self) -> tuple[torch.device, torch.dtype]:
+        """The device asked for (auto: CUDA if present) and the weights' dtype there (auto:
+        fp16 on CUDA, fp32 elsewhere), for the engines that load their own weights."""
+        if self.device != "auto":
+            device = torch.device(self.device)
+        else:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        cuda = device.type == "cuda"
+        return device, DTYPES.get(self.dtype) or (torch.float16 if cuda else torch.float32)
+
+    def speedups(self, device: torch.device) -> tuple[bool, bool]:
+        """(the Triton kernels, CUDA graphs) on `device`, as `kernels` and `graphs` ask:
+        refused where they cannot run."""
+        cuda = device.type == "cuda"
+        graphs = cuda if self.graphs is None else self.graphs
+        if graphs and not cuda:
+            raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
+        triton = self.kernels != "torch" and cuda and triton_installed()
+        if self.kernels == "triton" and not triton:
+            raise ValueError("kernels='triton' needs a CUDA device and Triton installed")
+        return triton, graphs

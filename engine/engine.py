@@ -17,13 +17,12 @@ import numpy as np
 import torch
 
 from engine import pyannote
-from engine.config import CROSS_DTYPES, DTYPES, EngineConfig, Input
+from engine.config import CROSS_DTYPES, EngineConfig, Input
 from engine.decoding import PROMPT_BASE
 from engine.diarize import Recording, Turn, speaker_turns
 from engine.hf import TransformersEngine, is_transformers
 from engine.host import read_input
 from engine.inputs import Prepared, open_audio, spectrogram_source
-from engine.kernels import triton_installed
 from engine.kernels.fp8 import require_fp8
 from engine.loader import LoadedModel, default_cache_dir, load_model
 from engine.longform import REQUESTS
@@ -44,18 +43,12 @@ class Engine:
         self.config = config
         cache = config.cache_dir or default_cache_dir()
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))  # read at compile time
-        device = None if config.device == "auto" else config.device
-        dtype = DTYPES.get(config.dtype)
+        device, dtype = config.placement()
         self.loaded: LoadedModel = load_model(
             config.model, device, dtype, config.cache_dir, config.name
         )
         cuda = self.loaded.device.type == "cuda"
-        self.graphs = cuda if config.graphs is None else config.graphs
-        if self.graphs and not cuda:
-            raise ValueError(f"CUDA graphs need a CUDA device, not {self.loaded.device}")
-        self.triton = config.kernels != "torch" and cuda and triton_installed()
-        if config.kernels == "triton" and not self.triton:
-            raise ValueError("kernels='triton' needs a CUDA device and Triton installed")
+        self.triton, self.graphs = config.speedups(self.loaded.device)
         self.cross_dtype = CROSS_DTYPES[config.cross_kv]
         if config.encoder == "fp8":
             require_fp8(self.loaded.device, "the encoder")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.config import DTYPES, EngineConfig
+from engine.config import EngineConfig
 from engine.mel import SAMPLE_RATE
 from engine.options import OptionsError, TranscriptionOptions
 from engine.windows import Decoded, Request, WindowModel
@@ -82,18 +82,13 @@ class TransformersEngine(WindowModel):
         )
         from transformers.models.auto.modeling_auto import MODEL_FOR_CTC_MAPPING_NAMES
 
-        from engine.loader import default_device
-
         self.config = config
         path = Path(config.model.removeprefix(PREFIX)).expanduser()
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"{config.model!r}: expected a transformers model directory (with config.json)"
             )
-        self.device = default_device() if config.device == "auto" else torch.device(config.device)
-        self.dtype = DTYPES.get(config.dtype) or (
-            torch.float16 if self.device.type == "cuda" else torch.float32
-        )
+        self.device, self.dtype = config.placement()
         quiet_transformers()
         self.ctc = AutoConfig.from_pretrained(path).model_type in MODEL_FOR_CTC_MAPPING_NAMES
         auto = AutoModelForCTC if self.ctc else AutoModelForSpeechSeq2Seq

@@ -29,14 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.config import DTYPES, EngineConfig
+from engine.config import EngineConfig
 from engine.graphs import capture
 from engine.hf import Chat, window_refusals
-from engine.kernels import triton_installed
 from engine.kernels.attention import decode_attention
-from engine.loader import default_device
 from engine.options import OptionsError, TranscriptionOptions
-from engine.slots import DECODE_BUCKETS, bucket, key_bucket
+from engine.slots import DECODE_BUCKETS, bucket, key_bucket, slots_within
 from engine.weights import read_config, tensors
 from engine.windows import Decoded, Request, WindowModel
 
@@ -279,7 +277,7 @@ class SlotDecoder:
         self._least = torch.zeros_like(self._tokens)  # before which its stops are held back
         self._history = torch.zeros(HORIZON, n_slots, dtype=torch.long, device=p.device)
         self._stops = torch.tensor(sorted(stops), device=p.device)
-        self._positions = torch.arange(max(n_slots, context), device=p.device)
+        self._rows = torch.arange(n_slots, device=p.device)
         self.graphs, self.triton = graphs, triton
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._pool: tuple | None = None
@@ -390,7 +388,7 @@ class SlotDecoder:
         """The steps' device work, from and to their buffers: rows [:rows], keys [:seen];
         each step's tokens into `_history` and back in as the next step's."""
         lm = self.model.language_model
-        at, slots = self._at[:rows], self._positions[:rows]
+        at, slots = self._at[:rows], self._rows[:rows]
         for step in range(steps):
             x = lm.embed_tokens(self._tokens[:rows])
             cos, sin = lm.rope(at, x.dtype)
@@ -456,9 +454,7 @@ class Qwen3ASREngine(WindowModel):
 
         path = Path(config.model).expanduser()
         self.config, self.name, self.english_only = config, config.name or config.model, False
-        self.device = default_device() if config.device == "auto" else torch.device(config.device)
-        cuda = self.device.type == "cuda"
-        self.dtype = DTYPES.get(config.dtype) or (torch.float16 if cuda else torch.float32)
+        self.device, self.dtype = config.placement()
         settings = read_config(path)
         with torch.device("meta"):
             model = Qwen3ASR(settings)
@@ -473,26 +469,17 @@ class Qwen3ASREngine(WindowModel):
         self.chat = Chat(AutoProcessor.from_pretrained(path))
         stops = settings.get("eos_token_id")
         self.stops = set(stops if isinstance(stops, list) else [stops])
-        self.triton = config.kernels != "torch" and cuda and triton_installed()
-        if config.kernels == "triton" and not self.triton:
-            raise ValueError("kernels='triton' needs a CUDA device and Triton installed")
-        self.graphs = cuda if config.graphs is None else config.graphs
-        if self.graphs and not cuda:
-            raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
+        self.triton, self.graphs = config.speedups(self.device)
         self.n_slots = config.slots or self._slots_for(config.slot_memory_bytes)
         self.decoder = self._decoder()
 
     def _slots_for(self, memory_bytes: int | None) -> int:
-        """As many slots as `memory_bytes` of keys and values hold (default: half the free
-        device memory; 16 on the CPU), at most MAX_SLOTS."""
-        if memory_bytes is None:
-            if self.device.type != "cuda":
-                return 16
-            memory_bytes = torch.cuda.mem_get_info(self.device)[0] // 2
+        """As many slots as `memory_bytes` of keys and values hold (engine.slots'
+        budget), at most MAX_SLOTS."""
         lm = self.model.language_model
         per_position = 2 * len(lm.layers) * lm.layers[0].kv_heads * lm.inv_freq.numel() * 2
         per_slot = per_position * CONTEXT * self.dtype.itemsize
-        return max(1, min(MAX_SLOTS, memory_bytes // per_slot))
+        return slots_within(memory_bytes, self.device, per_slot, MAX_SLOTS)
 
     def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
         """Refuse, before any work, what the model cannot do as asked."""

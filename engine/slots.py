@@ -36,14 +36,21 @@ def slot_bytes(dims: ModelDimensions, dtype: torch.dtype, cross_dtype: torch.dty
 def slots_for(
     loaded: LoadedModel, memory_bytes: int | None, cross_dtype: torch.dtype | None = None
 ) -> int:
-    """Slots for the pool: as many as `memory_bytes` of cache holds (at most 512). Default
-    budget: on CUDA half the free device memory, on the CPU 16 slots."""
-    if memory_bytes is None:
-        if loaded.device.type != "cuda":
-            return 16
-        memory_bytes = torch.cuda.mem_get_info(loaded.device)[0] // 2
+    """Slots for the pool: `slots_within` the budget, each slot_bytes."""
     per_slot = slot_bytes(loaded.dims, loaded.dtype, cross_dtype or loaded.dtype)
-    return max(1, min(MAX_SLOTS, memory_bytes // per_slot))
+    return slots_within(memory_bytes, loaded.device, per_slot)
+
+
+def slots_within(
+    memory_bytes: int | None, device: torch.device, per_slot: int, most: int = MAX_SLOTS
+) -> int:
+    """As many slots of `per_slot` bytes as `memory_bytes` of cache holds, at most `most`.
+    Default budget: on CUDA half the free device memory, on the CPU 16 slots."""
+    if memory_bytes is None:
+        if device.type != "cuda":
+            return min(16, most)
+        memory_bytes = torch.cuda.mem_get_info(device)[0] // 2
+    return max(1, min(most, memory_bytes // per_slot))
 
 
 def bucket(n: int, buckets: tuple[int, ...], most: int) -> int:

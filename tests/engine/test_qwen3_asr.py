@@ -172,3 +172,14 @@ def test_on_cuda_graphs_give_the_eager_steps_tokens_and_fp32_gives_transformers(
     native = Engine.open(EngineConfig(model=str(made), **fp32))
     through = Engine.open(EngineConfig(model=f"hf:{made}", **{**fp32, "slots": 1}))
     assert tokens(native.transcribe(inputs)) == tokens(through.transcribe(inputs))
+
+
+def test_settings_that_need_cuda_are_refused_on_the_cpu_by_either_engine(made):
+    """One rule for the Whisper engine and this one (EngineConfig.speedups)."""
+    for setting, words in (
+        ({"graphs": True}, "CUDA graphs need"),
+        ({"kernels": "triton"}, "'triton'"),
+    ):
+        for model in (str(made), "random:tiny"):
+            with pytest.raises(ValueError, match=words):
+                Engine.open(EngineConfig(model=model, device="cpu", **setting))
