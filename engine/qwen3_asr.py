@@ -33,6 +33,8 @@ from engine.config import EngineConfig
 from engine.graphs import capture
 from engine.hf import Chat, window_refusals
 from engine.kernels.attention import decode_attention
+from engine.kernels.rms import add_rms_norm, norm_rope, rms_norm, rotated, silu_mul
+from engine.kernels.store import store_kv
 from engine.options import OptionsError, TranscriptionOptions
 from engine.slots import DECODE_BUCKETS, bucket, key_bucket, slots_within
 from engine.weights import read_config, tensors
@@ -136,9 +138,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -160,26 +160,59 @@ class DecoderLayer(nn.Module):
         m.up_proj = nn.Linear(d, c["intermediate_size"], bias=False)
         m.down_proj = nn.Linear(c["intermediate_size"], d, bias=False)
 
-    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x: (..., d) -> q (..., heads, hd), k and v (..., kv_heads, hd), q and k rotated."""
-        a, h = self.self_attn, self.input_layernorm(x)
+    def fuse(self) -> None:
+        """The query, key and value projections as one product, and the gate and up
+        projections as another: their weights laid side by side, each projection's weight
+        a view of its part (no copy, and the separate products still give what they gave)."""
+        a, m = self.self_attn, self.mlp
+        for parts, name in (
+            ((a.q_proj, a.k_proj, a.v_proj), "qkv"),
+            ((m.gate_proj, m.up_proj), "gate_up"),
+        ):
+            for what in ("weight", "bias"):
+                if getattr(parts[0], what) is None:
+                    setattr(self, f"{name}_{what}", None)
+                    continue
+                whole = torch.cat([getattr(p, what) for p in parts])
+                setattr(self, f"{name}_{what}", whole)
+                for p, view in zip(
+                    parts, whole.split([getattr(p, what).shape[0] for p in parts]), strict=True
+                ):
+                    setattr(p, what, nn.Parameter(view, requires_grad=False))
+
+    def qkv(
+        self, x: Tensor, cos: Tensor, sin: Tensor, triton: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x: (..., d) -> q (..., heads, hd), k and v (..., kv_heads, hd), q and k rotated.
+        triton (a decode step's rows, x: (rows, d), after `fuse`): one product, and each of
+        the norms and rotations a kernel."""
+        a = self.self_attn
+        if triton and x.is_cuda:
+            eps = self.input_layernorm.eps
+            _, h = add_rms_norm(x, None, self.input_layernorm.weight, eps, triton)
+            y = F.linear(h, self.qkv_weight, self.qkv_bias).unflatten(-1, (-1, cos.shape[-1]))
+            q, k, v = y.split([self.heads, self.kv_heads, self.kv_heads], dim=-2)
+            norm_rope(q, a.q_norm.weight, a.q_norm.eps, cos, sin, out=q, triton=triton)
+            norm_rope(k, a.k_norm.weight, a.k_norm.eps, cos, sin, out=k, triton=triton)
+            return q, k, v
+        h = self.input_layernorm(x)
         q = a.q_norm(a.q_proj(h).unflatten(-1, (self.heads, -1)))
         k = a.k_norm(a.k_proj(h).unflatten(-1, (self.kv_heads, -1)))
         v = a.v_proj(h).unflatten(-1, (self.kv_heads, -1))
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return _rotated(q, cos, sin), _rotated(k, cos, sin), v
+        return rotated(q, cos, sin), rotated(k, cos, sin), v
 
-    def rest(self, x: Tensor, attended: Tensor) -> Tensor:
+    def rest(self, x: Tensor, attended: Tensor, triton: bool = False) -> Tensor:
         """The residual after attention (attended: (..., heads, hd)), then the MLP's."""
-        x = x + self.self_attn.o_proj(attended.flatten(-2))
-        m, h = self.mlp, self.post_attention_layernorm(x)
+        m, norm = self.mlp, self.post_attention_layernorm
+        y = self.self_attn.o_proj(attended.flatten(-2))
+        if triton and x.is_cuda:
+            x, h = add_rms_norm(x, y, norm.weight, norm.eps, triton)
+            gate_up = F.linear(h, self.gate_up_weight, self.gate_up_bias)
+            return x + m.down_proj(silu_mul(gate_up, triton))
+        x = x + y
+        h = norm(x)
         return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
-
-
-def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    turned = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + turned * sin
 
 
 class TextDecoder(nn.Module):
@@ -394,11 +427,12 @@ class SlotDecoder:
             cos, sin = lm.rope(at, x.dtype)
             lengths = at + 1
             for i, layer in enumerate(lm.layers):
-                q, k, v = layer.qkv(x, cos, sin)
-                self.keys[i, slots, :, at] = k
-                self.values[i, slots, :, at] = v
+                q, k, v = layer.qkv(x, cos, sin, self.triton)
+                new = k.flatten(-2)[:, None], v.flatten(-2)[:, None]  # one position a row
+                store_kv(*new, self.keys[i], self.values[i], slots, at, self.triton)
                 keys, values = self.keys[i, :rows, :, :seen], self.values[i, :rows, :, :seen]
-                x = layer.rest(x, decode_attention(q, keys, values, lengths, self.triton))
+                attended = decode_attention(q, keys, values, lengths, self.triton)
+                x = layer.rest(x, attended, self.triton)
             quiet = self._count[:rows] < self._least[:rows]
             self._history[step, :rows] = self.model.next_tokens(x, self._stops, quiet)
             self._tokens[:rows] = self._history[step, :rows]
@@ -465,6 +499,8 @@ class Qwen3ASREngine(WindowModel):
         }
         model.load_state_dict(state, assign=True, strict=True)
         self.model = model.to(self.device).eval().requires_grad_(False)
+        for layer in self.model.language_model.layers:
+            layer.fuse()
         quiet_transformers()
         self.chat = Chat(AutoProcessor.from_pretrained(path))
         stops = settings.get("eos_token_id")

@@ -2,7 +2,7 @@
 log-mel on the GPU.
 
     python scripts/tune_kernels.py [--linear | --tiled | --encoder [--no-compile] | --compile
-        | --mel]
+        | --mel | --qwen]
 
 Default: for each shape, the bytes the cross-attention must read, the time of PyTorch's SDPA
 (whatever backend it picks) and of the Triton kernel under each setting (checked against SDPA
@@ -19,6 +19,9 @@ large-v3 (16 windows, and one), against torch's unfused path, as the matrix rate
 --encoder: the whole encoder from a CUDA graph: torch's kernels, the engine's Triton path
 (`triton=True`: each residual add and layer norm fused), and torch.compile (Inductor's
 fusion; not with --no-compile), with the kernels of one run.
+
+--qwen: the same for Qwen3-ASR's decoder (16 query heads reading 8 key heads of 128, rows of
+400 to 500 keys in slots of 1126).
 
 --compile: a decode step, eager and through torch.compile, with torch's kernels and Triton's.
 """
@@ -77,19 +80,29 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / ms / 1e9  # TB/s
 
 
-def attention(batch: int, heads: int, dtype, n: int = 1500, lengths: bool = False) -> None:
-    d = 64
+def attention(
+    batch: int,
+    heads: int,
+    dtype,
+    n: int = 1500,
+    lengths: bool | tuple[int, int] = False,
+    d: int = 64,
+    kv_heads: int | None = None,
+) -> None:
+    """lengths: each row's keys drawn from (low, high), or n - 30 to n if True."""
     q = torch.randn(batch, heads, d, device="cuda", dtype=torch.float16)
-    k = torch.randn(batch, heads, n, d, device="cuda").to(dtype)
-    v = torch.randn(batch, heads, n, d, device="cuda").to(dtype)
-    seen = torch.randint(n - 30, n + 1, (batch,), device="cuda") if lengths else None
-    gbytes = 2 * k.numel() * k.element_size() / 1e9
+    k = torch.randn(batch, kv_heads or heads, n, d, device="cuda").to(dtype)
+    v = torch.randn(batch, kv_heads or heads, n, d, device="cuda").to(dtype)
+    low, high = lengths if isinstance(lengths, tuple) else (n - 30, n)
+    seen = torch.randint(low, high + 1, (batch,), device="cuda") if lengths else None
+    kept = (seen.sum().item() / n / batch) if lengths else 1.0  # the keys read
+    gbytes = 2 * k.numel() * k.element_size() * kept / 1e9
     ref = torch_decode_attention(q.float(), k.float(), v.float(), seen)
     rows = []
     if dtype == torch.float16:
         rows.append(("sdpa", graphed(lambda: torch_decode_attention(q, k, v, seen))))
     for block_n, target, warps, stages in itertools.product(
-        (64, 128, 256), (1024, 8192), (4, 8), (None, 2, 4)
+        (16, 32, 64, 128, 256), (1024, 8192), (4, 8), (None, 2, 4)
     ):
 
         def fn(b=block_n, t=target, w=warps, s=stages):
@@ -102,7 +115,8 @@ def attention(batch: int, heads: int, dtype, n: int = 1500, lengths: bool = Fals
         name = f"triton block_n={block_n} target={target} warps={warps} stages={stages}"
         rows.append((name, graphed(fn)))
     what = "self" if lengths else "cross"
-    print(f"{what}-attention b={batch} h={heads} n={n} {str(dtype)[6:]}: {gbytes * 1000:.0f} MB")
+    shape = f"b={batch} h={heads}/{kv_heads or heads} d={d} n={n}"
+    print(f"{what}-attention {shape} {str(dtype)[6:]}: {gbytes * 1000:.0f} MB")
     for name, ms in sorted(rows, key=lambda r: r[1])[:5] + [r for r in rows if r[0] == "sdpa"]:
         print(f"  {ms * 1000:8.1f} us  {gbytes / ms:5.2f} TB/s  {name}")
 
@@ -312,6 +326,10 @@ def main() -> None:
         encoder("large-v3", 1)
         if compiled:
             encoder("tiny", 16, ("max-autotune-no-cudagraphs",))  # minutes of tuning
+        return
+    if "--qwen" in sys.argv:  # Qwen3-ASR's decoder: 16 query heads on 8 key heads of 128
+        for batch in (1, 32, 128):
+            attention(batch, 16, torch.float16, n=1126, lengths=(400, 500), d=128, kv_heads=8)
         return
     if "--compile" in sys.argv:
         for size, batch in (("tiny", 1), ("tiny", 512), ("large-v3", 1)):

@@ -38,6 +38,14 @@ from engine.kernels.linear import (  # noqa: E402
     triton_linear,
 )
 from engine.kernels.norm import torch_add_norm, triton_add_norm  # noqa: E402
+from engine.kernels.rms import (  # noqa: E402
+    add_rms_norm,
+    norm_rope,
+    silu_mul,
+    triton_add_rms_norm,
+    triton_norm_rope,
+    triton_silu_mul,
+)
 from engine.kernels.store import torch_store_kv, triton_store_kv  # noqa: E402
 from engine.loader import random_tokenizer  # noqa: E402
 
@@ -256,6 +264,59 @@ def test_add_norm_matches_torchs_add_then_layer_norm(rows, d, dtype):
     assert s.dtype == h.dtype == dtype and h.shape == x.shape
     assert torch.equal(s, plain_s)
     assert relative_error(h, ref) < max(2 * relative_error(plain_h, ref), 1e-6)
+
+
+@pytest.mark.parametrize(
+    "rows, d, dtype, residual",
+    [
+        (7, 1024, torch.float16, True),
+        (3, 2048, torch.float16, False),
+        (5, 200, torch.float32, True),
+    ],
+)
+def test_add_rms_norm_matches_torchs_add_then_qwen3s_rms_norm(rows, d, dtype, residual):
+    """The sum bit for bit; the norm as close to float64's as torch's own ops (Qwen3's
+    RMSNorm: normalised in fp32, rounded, scaled in the dtype)."""
+    g = torch.Generator().manual_seed(rows * d)
+    x = (torch.randn(rows, d, generator=g) * 3 + 2).to(DEVICE, dtype)
+    y = (torch.randn(rows, d, generator=g) * 2).to(DEVICE, dtype) if residual else None
+    w = (torch.randn(d, generator=g) + 1).to(DEVICE, dtype)
+    s, h = triton_add_rms_norm(x, y, w, 1e-6)
+    plain_s, plain_h = add_rms_norm(x, y, w, 1e-6)
+    _, ref = add_rms_norm(x.double(), None if y is None else y.double(), w.double(), 1e-6)
+    assert s.dtype == h.dtype == dtype and h.shape == x.shape
+    assert torch.equal(s, plain_s)
+    assert relative_error(h, ref) < max(2 * relative_error(plain_h, ref), 1e-6)
+
+
+@pytest.mark.parametrize("d, dtype", [(128, torch.float16), (64, torch.float32)])
+def test_norm_rope_writes_torchs_rotated_norms_into_a_fused_projection(d, dtype):
+    """Queries and keys normed and rotated in place, as views of one q|k|v projection (the
+    decode step's), as close to float64's as torch's ops; the values beside them untouched."""
+    g = torch.Generator().manual_seed(d)
+    rows, heads, kv = 5, 4, 2
+    fused = (torch.randn(rows, heads + 2 * kv, d, generator=g) * 4).to(DEVICE, dtype)
+    angles = torch.rand(rows, d // 2, generator=g).repeat(1, 2) * 100
+    cos, sin = angles.cos().to(DEVICE, dtype), angles.sin().to(DEVICE, dtype)
+    w = (torch.randn(d, generator=g) + 1).to(DEVICE, dtype)
+    before = fused.clone()
+    for part in fused.split([heads, kv, kv], dim=1)[:2]:
+        plain = norm_rope(part.clone(), w, 1e-6, cos, sin, out=torch.empty_like(part))
+        ref = norm_rope(part.double(), w.double(), 1e-6, cos.double(), sin.double(),
+                        out=torch.empty_like(part, dtype=torch.float64))  # fmt: skip
+        assert triton_norm_rope(part, w, 1e-6, cos, sin, out=part) is part
+        assert relative_error(part, ref) < max(2 * relative_error(plain, ref), 1e-6)
+    assert torch.equal(fused[:, heads + kv :], before[:, heads + kv :])
+
+
+@pytest.mark.parametrize("n, dtype", [(3072, torch.float16), (100, torch.float32)])
+def test_silu_mul_matches_torchs_silu_times_up(n, dtype):
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(3, 2 * n, generator=g) * 3).to(DEVICE, dtype)
+    out, plain = triton_silu_mul(x), silu_mul(x)
+    ref = silu_mul(x.double())
+    assert out.shape == (3, n) and out.dtype == dtype
+    assert relative_error(out, ref) < max(2 * relative_error(plain, ref), 1e-6)
 
 
 @GPU_SIZE
