@@ -33,6 +33,13 @@ ELSEWHERE = {
     "docker compose --profile cpu up -d --scale worker=0": "Docker: scripts/compose_check.sh",
     "docker compose exec api whisperfleet keys create --tenant me": "Docker; keys: tests/api",
     "scripts/compose_check.sh --cpu": "Docker: it is the check",
+    "scripts/docker_install.sh": "Docker: .ci/run",
+    "scripts/compose_images.sh": "Docker: scripts/compose_check.sh --local (.ci/run)",
+    "export COMPOSE_FILE=compose.yaml:compose.local.yaml": "scripts/compose_check.sh --local",
+    "COMPOSE_PARALLEL_LIMIT=1 docker compose --profile cpu build api worker-cpu storage": (
+        "Docker: scripts/compose_check.sh --local"
+    ),
+    "scripts/compose_check.sh --local": "Docker: .ci/run",
     "curl -F file=@tests/data/en_jfk.flac -F model=tiny.en http://127.0.0.1:8000/v1/jobs": (
         "examples/quickstart.sh (.ci/run)"
     ),
