@@ -1,6 +1,6 @@
 """Plot `whisperfleet bench --json` results: windows/s by batch, engine vs transformers.
 
-python scripts/plot_bench.py docs/bench/*.json --out docs/bench/throughput.png
+python scripts/plot_bench.py docs/bench/*.json --out docs/bench/throughput.png [--machine H100]
 """
 
 import argparse
@@ -26,10 +26,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--machine", default="H200", help="the GPU the rows were measured on")
     args = parser.parse_args()
     rows = [r for f in args.files for r in json.loads(f.read_text()) if r["tokens"] == "100"]
     sizes = ["tiny", "base", "small", "medium", "large-v3"]
-    models = sorted({r["model"] for r in rows}, key=lambda m: sizes.index(m.split(":")[-1]))
+    order = {size: i for i, size in enumerate(sizes)}  # Whisper's by size, then the others
+    models = sorted({r["model"] for r in rows}, key=lambda m: (order.get(m.split(":")[-1], 99), m))
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         mine = [r for r in rows if r["model"] == model]
@@ -53,7 +55,7 @@ def main() -> None:
             [f"batch {b}" for b in batches],
         )
         ax.set_yscale("log")
-        ax.set_title(f"{model}, fp16, H200, 100 tokens per 30 s window")
+        ax.set_title(f"{model}, fp16, {args.machine}, 100 tokens per 30 s window", fontsize=9)
         ax.set_ylabel("windows / s")
         ax.legend(fontsize=8)
     fig.tight_layout()
