@@ -305,7 +305,6 @@ class SlotDecoder:
         # what a step reads and writes, in place: its graphs hold these addresses
         self._tokens = torch.zeros(n_slots, dtype=torch.long, device=p.device)
         self._at = torch.zeros_like(self._tokens)  # each row's position
-        self._chosen = torch.zeros_like(self._tokens)
         self._count = torch.zeros_like(self._tokens)  # tokens each row has generated
         self._least = torch.zeros_like(self._tokens)  # before which its stops are held back
         self._history = torch.zeros(HORIZON, n_slots, dtype=torch.long, device=p.device)
