@@ -29,6 +29,10 @@ CROSS_DTYPES = {"model": None, "fp8": torch.float8_e4m3fn}
 Input = bytes | np.ndarray | Audio
 
 
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How a model runs: the front door's one argument."""
@@ -92,10 +96,7 @@ class EngineConfig:
     def placement(self) -> tuple[torch.device, torch.dtype]:
         """The device asked for (auto: CUDA if present) and the weights' dtype there (auto:
         fp16 on CUDA, fp32 elsewhere), for the engines that load their own weights."""
-        if self.device != "auto":
-            device = torch.device(self.device)
-        else:
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = default_device() if self.device == "auto" else torch.device(self.device)
         cuda = device.type == "cuda"
         return device, DTYPES.get(self.dtype) or (torch.float16 if cuda else torch.float32)
 

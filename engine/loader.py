@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from engine.config import default_device
 from engine.convert import CONVERTER_VERSION, complete_tokenizer, convert_ctranslate2
 from engine.model import ModelDimensions, Whisper
 from engine.tokenizer import Tokenizer
@@ -190,10 +191,6 @@ def random_tokenizer(size: str, cache_dir: Path | None = None) -> Tokenizer:
     sizes; large-v3's for large-v3, large-v3-turbo and distil-large-v3)."""
     n_vocab = RANDOM_CONFIGS[size]["vocab_size"]
     return Tokenizer.from_dir(tokenizer_dir(n_vocab, cache_dir), n_vocab)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass(frozen=True)
