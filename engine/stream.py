@@ -8,10 +8,13 @@ re-decodes only the window that needs it, in its slot, from the K/V already proj
 words of a finished window whose input asks for them are timed (`engine.timing`) from those
 K/V too, before the slot is freed.
 
-An input that asks for its speakers (`diarize`) is handed on, once its last window is decoded,
-to the stream's diarizing thread, which reads its audio again and finds its speakers on a CUDA
-stream of its own while decode steps go on; the inputs handed on while it runs are diarized
-together next, their windows embedded in one pass.
+An input that asks for its speakers (`diarize`) is handed on as soon as its speech is known
+(when it is admitted) to the stream's diarizing thread, which reads its audio again and finds
+its speakers on a CUDA stream of its own while its windows and others' are decoded: finding
+them needs the speech, not the words, so it is done by the time the last window is, instead of
+after it (a stream of inputs that end together would otherwise wait for all their speakers at
+the end). The inputs handed on while it runs are diarized together next, their windows
+embedded in one pass; an input is handed back once both its words and its speakers are.
 
 `submit` inputs as they come, call `step` while `busy`; each step hands back the inputs whose
 last window it decoded, and those whose speakers were found since. `abort` takes an input out
@@ -100,6 +103,7 @@ class _Input:
     order: tuple[bool, int]  # admitted in this order: urgent ones first, then by arrival
     request: Request | None = None  # once its source is open (the next step)
     polling: bool = False  # in Stream._polling
+    turns: list[Turn] | None = None  # its speakers, once found (option diarize)
 
 
 class Streaming:
@@ -167,9 +171,10 @@ class Stream(Streaming):
         # handed out leaves, and comes back when one of them is decoded
         self._polling: list[_Input] = []
         self._waiting: list[tuple[_Input, Window]] = []  # ready windows that did not fit yet
-        self._asking: list[_Input] = []  # decoded, their speakers to be found next
+        self._asking: list[_Input] = []  # opened, their speakers to be found next
         # the inputs whose speakers are being found, on the diarizing thread
-        self._diarizing: tuple[list[_Input], Future[list[Transcription]]] | None = None
+        self._diarizing: tuple[list[_Input], Future[list[list[Turn]]]] | None = None
+        self._decoded: list[_Input] = []  # every window decoded, their speakers not found yet
         self._diarizer: ThreadPoolExecutor | None = None  # that thread, once an input asks
 
     def prepare(self, item: Input) -> Prepared:
@@ -206,7 +211,7 @@ class Stream(Streaming):
         entry = self._inputs.pop(owner, None)
         if entry is None:
             return False
-        for group in (self._new, self._polling, self._done, self._asking):
+        for group in (self._new, self._polling, self._done, self._asking, self._decoded):
             if entry in group:
                 group.remove(entry)
         self._waiting = [(e, w) for e, w in self._waiting if e is not entry]
@@ -223,6 +228,7 @@ class Stream(Streaming):
         self._done.clear()
         self._waiting.clear()
         self._asking.clear()
+        self._decoded.clear()
         self._diarizing = None  # what is being found is dropped as it ends
 
     def shrink(self) -> bool:
@@ -238,14 +244,13 @@ class Stream(Streaming):
     @torch.inference_mode()
     def step(self) -> list[Finished]:
         """Launch decode steps, admit ready windows while the GPU runs them, then hand back the
-        inputs whose last window was decoded (those asking for speakers go to the diarizing
-        thread) and those whose speakers were found."""
+        inputs whose last window was decoded (and whose speakers were found, if they asked),
+        and those whose speakers were found after it."""
         runner = self._runner
         start = time.perf_counter()
         self._open()
         finished, self._done = self._done, []
-        diarizing = len(self._asking) + (len(self._diarizing[0]) if self._diarizing else 0)
-        if len(self._inputs) == len(finished) + diarizing:  # nothing left to decode
+        if len(self._inputs) == len(finished) + len(self._decoded):  # nothing left to decode
             return self._hand_back(finished, SPEAKERS_WAIT_S)
         opened = time.perf_counter()
         runner.launch()  # the GPU decodes while the host admits ready windows
@@ -284,29 +289,40 @@ class Stream(Streaming):
         return self._hand_back(finished, 0.0)
 
     def _hand_back(self, finished: list[_Input], wait_s: float) -> list[Finished]:
-        """The finished inputs' results, those asking for speakers handed on to the diarizing
-        thread; and the results of earlier ones whose speakers were found, waiting up to
-        `wait_s` for one."""
+        """The results of the decoded inputs whose speakers are found or not asked for (the
+        others wait for theirs), and of those waiting whose speakers were found since,
+        waiting up to `wait_s` for the diarizing thread. An input whose speakers could not be
+        found fails alone, and leaves its slots if it was still being decoded."""
         out = []
         for entry in finished:
-            if entry.options.diarize:
-                self._asking.append(entry)
+            if entry.options.diarize and entry.turns is None:
+                self._decoded.append(entry)
             else:
-                del self._inputs[entry.owner]
-                out.append(Finished(entry.owner, self._result(entry)))
+                out.append(self._finish(entry))
         self._diarize_next()
         if wait_s and self._diarizing:
             wait([self._diarizing[1]], wait_s)
         if self._diarizing and self._diarizing[1].done():
             (batch, future), self._diarizing = self._diarizing, None
             error = future.exception()
-            results = [None] * len(batch) if error else future.result()
-            for entry, result in zip(batch, results, strict=True):
-                if self._inputs.get(entry.owner) is entry:  # not aborted meanwhile
-                    del self._inputs[entry.owner]
-                    out.append(Finished(entry.owner, result, error))
+            found = [None] * len(batch) if error else future.result()
+            for entry, turns in zip(batch, found, strict=True):
+                if self._inputs.get(entry.owner) is not entry:  # aborted meanwhile
+                    continue
+                if error is not None:
+                    self.abort(entry.owner)
+                    out.append(Finished(entry.owner, None, error))
+                    continue
+                entry.turns = turns
+                if entry in self._decoded:
+                    self._decoded.remove(entry)
+                    out.append(self._finish(entry))
             self._diarize_next()
         return out
+
+    def _finish(self, entry: _Input) -> Finished:
+        del self._inputs[entry.owner]
+        return Finished(entry.owner, self._result(entry, entry.turns))
 
     def _diarize_next(self) -> None:
         """Hand the inputs waiting for their speakers to the diarizing thread, if it is free."""
@@ -355,6 +371,8 @@ class Stream(Streaming):
                 source.speech = speech_regions(probs, source.duration)
         for entry, source in zip(new, opened, strict=True):
             entry.request = REQUESTS[entry.options.mode](source, entry.options, m.tokenizer)
+            if entry.options.diarize:
+                self._asking.append(entry)
             if entry.request.done:
                 self._done.append(entry)
             else:
@@ -427,18 +445,18 @@ class Stream(Streaming):
         return {a.slot: times for a, times in zip(asking, timed, strict=True)}
 
     @torch.inference_mode()
-    def _diarized(self, entries: list[_Input]) -> list[Transcription]:
-        """On the diarizing thread: the results of decoded inputs, with their speakers from the
-        engine's backend (the built-in one embeds all their windows together, on the stream's
-        device). Their requests are done: no step touches them any more."""
+    def _diarized(self, entries: list[_Input]) -> list[list[Turn]]:
+        """On the diarizing thread: the speakers of opened inputs, from the engine's backend
+        (the built-in one embeds all their windows together, on the stream's device). It reads
+        only what opening them fixed (their length and speech) and their audio again, through
+        readers of its own, while the steps decode their windows."""
         recordings = [
-            Recording(r.source.samples(), r.source.duration, r.source.speech, e.options.diarize)
+            Recording(s.samples(), s.duration, s.speech, e.options.diarize)
             for e in entries
-            for r in [e.request]
+            for s in [e.request.source]
         ]
         with own_stream(self.engine.loaded.device):
-            turns = self.engine.diarize(recordings)
-        return [self._result(e, t) for e, t in zip(entries, turns, strict=True)]
+            return self.engine.diarize(recordings)
 
     def _result(self, entry: _Input, turns: list[Turn] | None = None) -> Transcription:
         r, tok = entry.request, self.engine.loaded.tokenizer

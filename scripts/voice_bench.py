@@ -20,7 +20,15 @@ of it go through the stream at once, as a worker's jobs would. Rows:
   on a CUDA stream of its own (`engine.inputs.own_stream`); and one after another on the
   default stream, as they ran before (2026-12-06); diarization alone: the speaker turns of
   every copy from its speech (`engine.diarize.speaker_turns`: windows embedded together,
-  clustered); each as a share of the transcription with vad off.
+  clustered); each as a share of the transcription with vad off;
+- first passes, with Silero and without: `Stream.prepare` of every copy on PREPARE_THREADS
+  threads, as `transcribe` runs it before any window is decoded (log-mel and voice activity;
+  without, `engine.inputs.Detector` is a stand-in that hears nothing).
+
+Then what they add to the transcription, in the stream: Silero's, the first passes with it
+less without (every long input's first pass runs it, whatever its options: `vad` decides only
+what is done with the speech); the speakers', the diarized transcription less the one with
+word timestamps alone (diarize times the words, and those are the option's, not the speakers').
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import json
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +47,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
+from engine import Engine, EngineConfig, TranscriptionOptions, inputs  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.diarize import Recording, speaker_turns  # noqa: E402
 from engine.inputs import own_stream  # noqa: E402
 from engine.options import SpeakerCount  # noqa: E402
 from engine.stream import PREPARE_THREADS  # noqa: E402
-from engine.vad import Detector, speech_regions  # noqa: E402
+from engine.vad import CHUNK, Detector, speech_regions  # noqa: E402
 from scripts.measure import spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import concatenation, leveled, room_tone  # noqa: E402
@@ -122,9 +131,15 @@ def main() -> int:
     _, diarize_times = timed(
         synced(lambda: speaker_turns(recordings, device, triton=triton)), args.runs
     )
+    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
+        _, heard = timed(synced(lambda: list(pool.map(stream.prepare, items))), args.runs)
+        with _unheard():
+            _, unheard = timed(synced(lambda: list(pool.map(stream.prepare, items))), args.runs)
     rows["VAD alone (first passes at once, own streams)"] = vad_times
     rows["VAD alone (one after another, default stream)"] = serial_times
     rows["diarization alone (from the speech)"] = diarize_times
+    rows["first passes (`prepare`), with Silero"] = heard
+    rows["first passes (`prepare`), without"] = unheard
     base = statistics.median(rows["transcription, vad off"])
 
     print("| run | seconds | audio s per second | share of transcription (vad off) | WER |")
@@ -139,12 +154,40 @@ def main() -> int:
     words, diarized = (
         statistics.median(rows[k]) for k in ("word timestamps (vad on)", "with diarize")
     )
-    print(f"diarize over word timestamps in the stream: {(diarized - words) / base:+.1%}")
+    vad_added = statistics.median(heard) - statistics.median(unheard)
+    print(
+        f"added to the transcription: Silero in the first passes {vad_added:.3f} s "
+        f"({vad_added / base:.1%}), the speakers (diarize over word timestamps) "
+        f"{diarized - words:.3f} s ({(diarized - words) / base:.1%}); "
+        f"together {(vad_added + diarized - words) / base:.1%}"
+    )
     if args.json:
         out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
+        out.update(prepare_heard=heard, prepare_unheard=unheard)
         out.update(audio_s=audio, speech=speech)
         args.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+@contextmanager
+def _unheard():
+    """First passes that hear nothing: `engine.inputs.Detector` stands in for Silero's."""
+
+    class Deaf:
+        def __init__(self, device):
+            self.n_samples = 0
+
+        def feed(self, samples: np.ndarray) -> None:
+            self.n_samples += len(samples)
+
+        def finish(self) -> np.ndarray:
+            return np.zeros(-(-self.n_samples // CHUNK), np.float32)
+
+    real, inputs.Detector = inputs.Detector, Deaf
+    try:
+        yield
+    finally:
+        inputs.Detector = real
 
 
 def _own_vad(device: str):

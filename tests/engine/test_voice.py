@@ -132,6 +132,29 @@ def test_decoding_goes_on_while_speakers_are_found(tiny_en, conversation, clips,
     assert who(finished["talk"].transcription) == who(alone)
 
 
+def test_speakers_are_found_while_the_words_are_decoded(tiny_en, conversation, monkeypatch):
+    """Finding an input's speakers starts when it is admitted, not after its last window: a
+    stream whose inputs end together does not wait for all their speakers at the end. Its
+    words decoded, the input waits for its speakers, and comes back as found alone."""
+    alone = tiny_en.transcribe([conversation.samples], DIARIZE)[0]
+    held, done = Held(tiny_en.engine), []
+    monkeypatch.setattr(tiny_en.engine, "diarize", held)
+    talk = tiny_en.prepare(conversation.samples)
+    tiny_en.submit("talk", talk, DIARIZE, progress=lambda seconds, _: done.append(seconds))
+    steps_until(tiny_en, lambda _: held.entered.is_set())
+    assert not done  # entered before any window was decoded
+    for _ in range(100):  # its words, to the end
+        if done and done[-1] >= conversation.duration - 0.05:
+            break
+        assert tiny_en.step() == []
+    else:
+        raise AssertionError(f"decoding stood still at {done[-1:]} s")
+    assert [tiny_en.step() for _ in range(3)] == [[]] * 3 and tiny_en.owners == ["talk"]
+    held.release.set()
+    finished = steps_until(tiny_en, lambda f: not tiny_en.busy)
+    assert who(finished["talk"].transcription) == who(alone)
+
+
 def test_a_failed_diarization_fails_its_input_alone(tiny_en, conversation, clips, monkeypatch):
     def broken(recordings):
         raise OSError("the recording could not be read again")
@@ -141,7 +164,7 @@ def test_a_failed_diarization_fails_its_input_alone(tiny_en, conversation, clips
     tiny_en.submit("jfk", tiny_en.prepare(clips["en_jfk"].bytes), DIARIZE)
     tiny_en.submit("plain", tiny_en.prepare(clips["en_jfk"].bytes))
     finished = steps_until(tiny_en, lambda f: not tiny_en.busy)
-    for owner in ("talk", "jfk"):  # they finished in different steps: each its own error
+    for owner in ("talk", "jfk"):
         assert isinstance(finished[owner].error, OSError) and not finished[owner].transcription
     assert finished["plain"].error is None and "ask not" in finished["plain"].transcription.text
     with pytest.raises(OSError, match="read again"):
