@@ -118,7 +118,7 @@ class _StreamedMel(MelSource):
 
     def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float):
         self.n_mels, self._audio = n_mels, audio
-        n_frames = n_samples = 0
+        log10_max, n_frames, n_samples = -math.inf, 0, 0
 
         def counted(blocks: Iterator[np.ndarray], voice: Detector) -> Iterator[np.ndarray]:
             nonlocal n_samples
@@ -129,12 +129,10 @@ class _StreamedMel(MelSource):
 
         with own_stream(device):  # first pass
             voice = Detector(device)
-            peak = torch.tensor(-math.inf, device=device)  # read once: each read waits
             for frames in stream_log10_mel(counted(audio.blocks(), voice), n_mels, device):
-                peak = torch.maximum(peak, frames.max())
+                log10_max = max(log10_max, frames.max().item())
                 n_frames += frames.shape[1]
             probs = voice.finish()
-            log10_max = peak.item()
         self.log10_max, self.n_frames = log10_max, n_frames
         self.duration = n_samples / SAMPLE_RATE
         self.speech = speech_regions(probs, self.duration)

@@ -14,10 +14,7 @@ dropped, each region padded a little.
 
 from __future__ import annotations
 
-import os
-import threading
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -26,8 +23,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from engine.mel import to_device
 
 SAMPLE_RATE = 16000
 CHUNK = 512  # samples a probability (32 ms)
@@ -108,24 +103,16 @@ def load(device: str = "cpu") -> SileroVAD:
 
 
 class Detector:
-    """Speech probabilities of one input, fed its 16 kHz samples block by block: the front end
-    runs on the calling thread (and its CUDA stream), the LSTM on the device's `_Recurrence`,
-    a PIECE of chunks at a time, batched with the other inputs' pieces waiting then."""
+    """Speech probabilities of one input, fed its 16 kHz samples block by block."""
 
     def __init__(self, device: torch.device | str = "cpu"):
-        self._lstm = _recurrence(str(device))
-        self.model, self.device = self._lstm.model, device
+        self.model = load(str(device))
+        self.device = device
         self._tail = torch.zeros(CONTEXT, device=device)  # the samples before the next chunk
         self._rest = np.zeros(0, np.float32)  # samples not yet a whole chunk
-        self._held: list[Tensor] = []  # features not yet sent, fewer than PIECE chunks
-        self.n_samples = 0
-        # the `_Recurrence`'s (under its lock): the LSTM's state after the pieces run so far,
-        # their probabilities, the CUDA event after the last, how many ran, the first error
         self._state: tuple[Tensor, Tensor] | None = None
         self._probs: list[Tensor] = []
-        self._ran_event: torch.cuda.Event | None = None
-        self._sent = self._ran = 0
-        self._error: BaseException | None = None
+        self.n_samples = 0
 
     @torch.inference_mode()
     def feed(self, samples: np.ndarray) -> None:
@@ -134,23 +121,15 @@ class Detector:
         whole = len(samples) // CHUNK * CHUNK
         self._rest = samples[whole:].copy()
         for start in range(0, whole, BLOCK_CHUNKS * CHUNK):
-            block = to_device(
-                samples[start : min(whole, start + BLOCK_CHUNKS * CHUNK)], self.device
-            )
-            self._front(block)
+            block = torch.from_numpy(samples[start : min(whole, start + BLOCK_CHUNKS * CHUNK)])
+            self._run(block.to(self.device, torch.float32))
 
-    def _front(self, block: Tensor) -> None:
+    def _run(self, block: Tensor) -> None:
         x = torch.cat([self._tail, block])
-        self._held.append(self.model.features(x.unfold(0, CONTEXT + CHUNK, CHUNK)))
+        frames = x.unfold(0, CONTEXT + CHUNK, CHUNK)
+        probs, self._state = self.model(frames, self._state)
+        self._probs.append(probs)
         self._tail = x[-CONTEXT:]
-        while sum(map(len, self._held)) >= PIECE:
-            self._send(PIECE)
-
-    def _send(self, n: int) -> None:
-        held = torch.cat(self._held)
-        self._held = [held[n:]] if len(held) > n else []
-        self._sent += 1
-        self._lstm.put(self, held[:n])
 
     @torch.inference_mode()
     def finish(self) -> np.ndarray:
@@ -159,114 +138,10 @@ class Detector:
             last = np.zeros(CHUNK, np.float32)
             last[: len(self._rest)] = self._rest
             self._rest = np.zeros(0, np.float32)
-            self._front(to_device(last, self.device))
-        if self._held:
-            self._send(sum(map(len, self._held)))
-        self._lstm.wait(self)
+            self._run(torch.from_numpy(last).to(self.device))
         if not self._probs:
             return np.zeros(0, np.float32)
-        if self._ran_event is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._ran_event)
         return torch.cat(self._probs).float().cpu().numpy()
-
-
-PIECE = 1024  # chunks (33 s) a batched LSTM call advances each input by
-
-
-class _Recurrence:
-    """Silero's LSTM for every Detector of a process on one device, on a thread (and CUDA
-    stream) of its own: each call advances every input with a piece waiting by one piece, as
-    one batch. The recurrence steps through an input's chunks in order, a few microseconds a
-    step, whatever the batch (an H100 steps one input at 1.7 us, sixteen at 2.1 us): long
-    inputs' first passes read side by side, each stepping its own LSTM, took 0.24 s for 16 of
-    749 s, most of it these steps (docs/benchmarks.md). A piece that ends its input is padded
-    to the batch's length; the state after it is not used."""
-
-    def __init__(self, device: str):
-        self.model = load(device)
-        self._stream = torch.cuda.Stream(device) if self.model.lstm.weight_hh_l0.is_cuda else None
-        self._waiting: list[tuple[Detector, Tensor, torch.cuda.Event | None]] = []
-        lock = threading.Lock()
-        self._work, self._done = threading.Condition(lock), threading.Condition(lock)
-        threading.Thread(target=self._serve, name="silero-lstm", daemon=True).start()
-
-    def put(self, detector: Detector, features: Tensor) -> None:
-        """Queue a piece of an input's features, made on the calling thread's stream."""
-        ready = None
-        if self._stream is not None:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self._stream.device))
-        with self._work:
-            self._waiting.append((detector, features, ready))
-            self._work.notify()
-
-    def wait(self, detector: Detector) -> None:
-        """Until every piece the detector sent has run; raises what failed one."""
-        with self._done:
-            self._done.wait_for(lambda: detector._ran == detector._sent)
-        if detector._error is not None:
-            raise detector._error
-
-    def _serve(self) -> None:
-        while True:
-            with self._work:
-                self._work.wait_for(lambda: self._waiting)
-                batch, later, taken = [], [], set()
-                for piece in self._waiting:  # an input's pieces in order, one a call
-                    (later if id(piece[0]) in taken else batch).append(piece)
-                    taken.add(id(piece[0]))
-                self._waiting = later
-            error, ran = None, None
-            try:
-                with torch.inference_mode(), on(self._stream):
-                    ran = self._run(batch)
-            except Exception as e:  # each input's first pass raises it (`wait`)
-                error = e
-            with self._done:
-                for detector, _, _ in batch:
-                    detector._ran += 1
-                    detector._ran_event = ran
-                    detector._error = detector._error or error
-                self._done.notify_all()
-
-    def _run(self, batch: list[tuple[Detector, Tensor, torch.cuda.Event | None]]):
-        for _, features, ready in batch:
-            if ready is not None:  # made on another stream: wait for it, keep it until used
-                self._stream.wait_event(ready)
-                features.record_stream(self._stream)
-        x = nn.utils.rnn.pad_sequence([f for _, f, _ in batch])  # (chunks, inputs, 128)
-        zeros = x.new_zeros(1, 1, x.shape[2])
-        h0, c0 = (
-            torch.cat([d._state[k] if d._state else zeros for d, _, _ in batch], dim=1)
-            for k in (0, 1)
-        )
-        out, (h, c) = self.model.lstm(x, (h0, c0))
-        probs = torch.sigmoid(self.model.final_conv(F.relu(out).permute(1, 2, 0)))[:, 0]
-        for i, (detector, features, _) in enumerate(batch):
-            detector._state = (h[:, i : i + 1], c[:, i : i + 1])
-            detector._probs.append(probs[i, : len(features)])
-        if self._stream is None:
-            return None
-        ran = torch.cuda.Event()
-        ran.record(self._stream)
-        return ran
-
-
-_RECURRENCES: dict[tuple[int, str], _Recurrence] = {}
-_RECURRENCES_LOCK = threading.Lock()
-
-
-def on(stream: torch.cuda.Stream | None):
-    return nullcontext() if stream is None else torch.cuda.stream(stream)
-
-
-def _recurrence(device: str) -> _Recurrence:
-    """The device's `_Recurrence` in this process (a forked child starts its own thread)."""
-    with _RECURRENCES_LOCK:
-        key = (os.getpid(), device)
-        if key not in _RECURRENCES:
-            _RECURRENCES[key] = _Recurrence(device)
-        return _RECURRENCES[key]
 
 
 @torch.inference_mode()

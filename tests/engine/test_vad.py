@@ -1,9 +1,6 @@
 """Voice activity (engine.vad): the wheel's own model, batched, gives its probabilities."""
 
-import threading
-import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -89,59 +86,3 @@ def test_clips_together_are_each_alone(clips):
     together = vad.clip_probabilities(samples)
     for x, probs in zip(samples, together, strict=True):
         np.testing.assert_allclose(probs, vad.speech_probabilities(x), atol=1e-5)
-
-
-def fed(samples: np.ndarray, block: int = 16000 * 7) -> vad.Detector:
-    detector = vad.Detector()
-    for start in range(0, len(samples), block):
-        detector.feed(samples[start : start + block])
-    return detector
-
-
-def test_inputs_read_side_by_side_share_the_lstm_calls_and_each_is_as_alone(clips, monkeypatch):
-    """The pieces sent while the LSTM's thread is busy go in its next call together, one of
-    each input; each input's probabilities are its own alone, across pieces (its state
-    carried) and with a shorter last piece padded in the batch."""
-    clip_samples = [decode_audio(c.bytes) for c in clips.values()]
-    inputs = [*clip_samples[:3], np.concatenate(clip_samples * 2)]  # the last: three pieces
-    assert 2 * vad.PIECE * vad.CHUNK < len(inputs[-1]) < 3 * vad.PIECE * vad.CHUNK
-    alone = [vad.speech_probabilities(x) for x in inputs]
-    lstm, gate, batches = vad._recurrence("cpu"), threading.Event(), []
-    run = lstm._run
-
-    def held(batch):
-        assert gate.wait(60)
-        batches.append(len(batch))
-        return run(batch)
-
-    monkeypatch.setattr(lstm, "_run", held)
-    detectors = [fed(x) for x in inputs]  # the long one's first piece waits at the gate
-    with ThreadPoolExecutor(len(inputs)) as pool:
-        together = [pool.submit(d.finish) for d in detectors]
-        deadline = time.monotonic() + 60
-        while len(lstm._waiting) < 5:  # its second and last, and each clip's
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        gate.set()
-        together = [f.result() for f in together]
-    assert batches == [1, len(inputs), 1]
-    for mine, theirs in zip(together, alone, strict=True):
-        np.testing.assert_allclose(mine, theirs, atol=1e-6)
-
-
-def test_a_failed_lstm_call_fails_its_inputs_and_the_next_ones_run(clips, monkeypatch):
-    samples = decode_audio(clips["en_jfk"].bytes)
-    expected = vad.speech_probabilities(samples)
-    lstm, failed = vad._recurrence("cpu"), []
-    run = lstm._run
-
-    def once_broken(batch):
-        if not failed:
-            failed.append(len(batch))
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return run(batch)
-
-    monkeypatch.setattr(lstm, "_run", once_broken)
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        fed(samples).finish()
-    np.testing.assert_allclose(fed(samples).finish(), expected, atol=1e-6)
