@@ -147,7 +147,9 @@ def _words_in_speech(segment: Segment, starts: list[float], ends: list[float]) -
             else:
                 end = ends[first - 1]
                 start = max(end - (w.end - w.start), starts[first - 1])
-        out.append(replace(w, start=round(start, 2), end=round(end, 2)))
+        start, end = round(start, 2), round(end, 2)
+        # most words are inside speech: kept as they are (a copy costs more than the rest)
+        out.append(w if (start, end) == (w.start, w.end) else replace(w, start=start, end=end))
     for k in range(1, len(out)):  # a moved word and its neighbour share what they overlap
         a, b = out[k - 1], out[k]
         if a.end > b.start:

@@ -15,9 +15,11 @@ dropped, each region padded a little.
 from __future__ import annotations
 
 import warnings
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from operator import itemgetter
 
 import numpy as np
 import torch
@@ -191,20 +193,28 @@ def speech_regions(
     neg = options.neg_threshold
     if neg is None:
         neg = max(options.threshold - 0.15, 0.01)
+    # Silero's loop goes chunk by chunk; only chunks above the threshold (speech goes on or
+    # starts) or below `neg` (silence goes on or starts) change anything, so it goes here run
+    # by run of those, in order (an hour is 112,500 chunks, and a job thread holds the GIL)
+    probs = np.asarray(probs)
+    high = probs >= options.threshold
+    chunks = np.flatnonzero(high | (probs < neg))
+    loud = high[chunks]
+    starts_run = np.ones(len(loud), bool)
+    starts_run[1:] = loud[1:] != loud[:-1]
+    runs = np.flatnonzero(starts_run)
+    lasts = (np.append(runs[1:], len(chunks)) - 1)[: len(runs)]
+    firsts, lasts = chunks[runs].tolist(), chunks[lasts].tolist()
     regions: list[list[float]] = []
-    start, quiet_since = None, None
-    for i, p in enumerate(probs.tolist()):
-        t = i * chunk_s
-        if p >= options.threshold:
-            quiet_since = None
+    start = None
+    for first, last, speech in zip(firsts, lasts, loud[runs].tolist(), strict=True):
+        t = first * chunk_s
+        if speech:
             if start is None:
                 start = t
-        elif start is not None and p < neg:
-            if quiet_since is None:
-                quiet_since = t
-            if t - quiet_since >= options.min_silence_s:
-                regions.append([start, quiet_since])
-                start, quiet_since = None, None
+        elif start is not None and last * chunk_s - t >= options.min_silence_s:
+            regions.append([start, t])  # quiet from its first chunk long enough: speech ended
+            start = None
     if start is not None:
         regions.append([start, duration])
     kept = [r for r in regions if r[1] - r[0] > options.min_speech_s]
@@ -226,5 +236,12 @@ def regions_of(
 
 
 def voiced_seconds(regions: list[tuple[float, float]], start: float, end: float) -> float:
-    """Seconds of speech in [start, end)."""
-    return sum(max(0.0, min(e, end) - max(s, start)) for s, e in regions)
+    """Seconds of speech in [start, end); regions in order and apart, as `speech_regions`
+    gives them (found by bisection: a long input's segments each ask)."""
+    total = 0.0
+    for k in range(bisect_right(regions, start, key=itemgetter(1)), len(regions)):
+        s, e = regions[k]
+        if s >= end:
+            break
+        total += min(e, end) - max(s, start)
+    return total

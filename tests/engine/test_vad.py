@@ -86,3 +86,61 @@ def test_clips_together_are_each_alone(clips):
     together = vad.clip_probabilities(samples)
     for x, probs in zip(samples, together, strict=True):
         np.testing.assert_allclose(probs, vad.speech_probabilities(x), atol=1e-5)
+
+
+def silero_regions(probs: np.ndarray, duration: float, options: vad.VadOptions) -> list:
+    """`get_speech_timestamps`' loop, chunk by chunk, to the regions it gives."""
+    chunk_s, threshold = vad.CHUNK / 16000, options.threshold
+    neg = options.neg_threshold if options.neg_threshold is not None else threshold - 0.15
+    regions, start, quiet_since = [], None, None
+    for i, p in enumerate(probs.tolist()):
+        t = i * chunk_s
+        if p >= threshold:
+            quiet_since = None
+            if start is None:
+                start = t
+        elif start is not None and p < neg:
+            if quiet_since is None:
+                quiet_since = t
+            if t - quiet_since >= options.min_silence_s:
+                regions.append([start, quiet_since])
+                start, quiet_since = None, None
+    if start is not None:
+        regions.append([start, duration])
+    out = []
+    for begin, end in (r for r in regions if r[1] - r[0] > options.min_speech_s):
+        begin, end = max(0.0, begin - options.pad_s), min(duration, end + options.pad_s)
+        if out and begin <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((begin, end))
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [vad.VadOptions(), vad.VadOptions(threshold=0.6, neg_threshold=0.3, min_silence_s=0.2)],
+)
+def test_regions_found_run_by_run_are_the_chunk_by_chunk_loops(options):
+    """Probabilities in runs of speech, silence and in between (which changes nothing),
+    jittered around the thresholds: the same regions as Silero's loop."""
+    rng = np.random.default_rng(1)
+    for _ in range(1500):
+        n = int(rng.integers(0, 300))
+        levels = rng.choice([0.05, 0.2, 0.3, 0.45, 0.5, 0.6, 0.97], size=n // 4 + 1)
+        probs = np.repeat(levels, rng.integers(1, 8, size=len(levels)))[:n]
+        probs = (probs + rng.normal(0, 0.03, size=len(probs))).astype(np.float32)
+        duration = n * vad.CHUNK / 16000 + rng.uniform(0, 0.03)
+        regions = vad.speech_regions(probs, duration, options)
+        assert regions == silero_regions(probs, duration, options)
+        assert all(type(x) is float for r in regions for x in r)
+
+
+def test_voiced_seconds_counts_the_speech_inside():
+    rng = np.random.default_rng(2)
+    probs = (rng.random(3000) ** 3).astype(np.float32)
+    regions = vad.speech_regions(probs, 96.0)
+    assert len(regions) > 20
+    for start, end in rng.uniform(-5, 100, size=(500, 2)):
+        overlap = sum(max(0.0, min(e, end) - max(s, start)) for s, e in regions)
+        assert vad.voiced_seconds(regions, start, end) == pytest.approx(overlap, abs=1e-9)
