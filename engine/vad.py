@@ -189,13 +189,27 @@ def speech_regions(
     probs: np.ndarray, duration: float, options: VadOptions = VadOptions()
 ) -> list[tuple[float, float]]:
     """(start s, end s) of each stretch of speech, in order, inside [0, duration]."""
+    kept = [r for r in stretches(probs, duration, options) if r[1] - r[0] > options.min_speech_s]
+    out: list[tuple[float, float]] = []
+    for begin, end in kept:
+        begin, end = max(0.0, begin - options.pad_s), min(duration, end + options.pad_s)
+        if out and begin <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((begin, end))
+    return out
+
+
+def stretches(probs: np.ndarray, duration: float, options: VadOptions) -> list[list[float]]:
+    """[start s, end s] of speech as Silero's loop finds it, before short bursts are dropped and
+    the rest padded. That loop goes chunk by chunk, but only chunks above the threshold (speech
+    goes on or starts) or below the lower one (silence goes on or starts) change anything: this
+    goes run by run of those, in order (an hour is 112,500 chunks, read by a job thread that
+    holds the GIL)."""
     chunk_s = CHUNK / SAMPLE_RATE
     neg = options.neg_threshold
     if neg is None:
         neg = max(options.threshold - 0.15, 0.01)
-    # Silero's loop goes chunk by chunk; only chunks above the threshold (speech goes on or
-    # starts) or below `neg` (silence goes on or starts) change anything, so it goes here run
-    # by run of those, in order (an hour is 112,500 chunks, and a job thread holds the GIL)
     probs = np.asarray(probs)
     high = probs >= options.threshold
     chunks = np.flatnonzero(high | (probs < neg))
@@ -205,7 +219,7 @@ def speech_regions(
     runs = np.flatnonzero(starts_run)
     lasts = (np.append(runs[1:], len(chunks)) - 1)[: len(runs)]
     firsts, lasts = chunks[runs].tolist(), chunks[lasts].tolist()
-    regions: list[list[float]] = []
+    out: list[list[float]] = []
     start = None
     for first, last, speech in zip(firsts, lasts, loud[runs].tolist(), strict=True):
         t = first * chunk_s
@@ -213,18 +227,10 @@ def speech_regions(
             if start is None:
                 start = t
         elif start is not None and last * chunk_s - t >= options.min_silence_s:
-            regions.append([start, t])  # quiet from its first chunk long enough: speech ended
+            out.append([start, t])  # quiet from its first chunk long enough: speech ended
             start = None
     if start is not None:
-        regions.append([start, duration])
-    kept = [r for r in regions if r[1] - r[0] > options.min_speech_s]
-    out: list[tuple[float, float]] = []
-    for begin, end in kept:
-        begin, end = max(0.0, begin - options.pad_s), min(duration, end + options.pad_s)
-        if out and begin <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((begin, end))
+        out.append([start, duration])
     return out
 
 

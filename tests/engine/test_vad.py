@@ -88,11 +88,11 @@ def test_clips_together_are_each_alone(clips):
         np.testing.assert_allclose(probs, vad.speech_probabilities(x), atol=1e-5)
 
 
-def silero_regions(probs: np.ndarray, duration: float, options: vad.VadOptions) -> list:
-    """`get_speech_timestamps`' loop, chunk by chunk, to the regions it gives."""
+def silero_stretches(probs: np.ndarray, duration: float, options: vad.VadOptions) -> list:
+    """`get_speech_timestamps`' loop, chunk by chunk, to the stretches of speech it finds."""
     chunk_s, threshold = vad.CHUNK / 16000, options.threshold
     neg = options.neg_threshold if options.neg_threshold is not None else threshold - 0.15
-    regions, start, quiet_since = [], None, None
+    found, start, quiet_since = [], None, None
     for i, p in enumerate(probs.tolist()):
         t = i * chunk_s
         if p >= threshold:
@@ -103,27 +103,20 @@ def silero_regions(probs: np.ndarray, duration: float, options: vad.VadOptions) 
             if quiet_since is None:
                 quiet_since = t
             if t - quiet_since >= options.min_silence_s:
-                regions.append([start, quiet_since])
+                found.append([start, quiet_since])
                 start, quiet_since = None, None
     if start is not None:
-        regions.append([start, duration])
-    out = []
-    for begin, end in (r for r in regions if r[1] - r[0] > options.min_speech_s):
-        begin, end = max(0.0, begin - options.pad_s), min(duration, end + options.pad_s)
-        if out and begin <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((begin, end))
-    return out
+        found.append([start, duration])
+    return found
 
 
 @pytest.mark.parametrize(
     "options",
     [vad.VadOptions(), vad.VadOptions(threshold=0.6, neg_threshold=0.3, min_silence_s=0.2)],
 )
-def test_regions_found_run_by_run_are_the_chunk_by_chunk_loops(options):
+def test_speech_found_run_by_run_is_the_chunk_by_chunk_loops(options):
     """Probabilities in runs of speech, silence and in between (which changes nothing),
-    jittered around the thresholds: the same regions as Silero's loop."""
+    jittered around the thresholds: the same stretches as Silero's loop."""
     rng = np.random.default_rng(1)
     for _ in range(1500):
         n = int(rng.integers(0, 300))
@@ -131,9 +124,9 @@ def test_regions_found_run_by_run_are_the_chunk_by_chunk_loops(options):
         probs = np.repeat(levels, rng.integers(1, 8, size=len(levels)))[:n]
         probs = (probs + rng.normal(0, 0.03, size=len(probs))).astype(np.float32)
         duration = n * vad.CHUNK / 16000 + rng.uniform(0, 0.03)
-        regions = vad.speech_regions(probs, duration, options)
-        assert regions == silero_regions(probs, duration, options)
-        assert all(type(x) is float for r in regions for x in r)
+        found = vad.stretches(probs, duration, options)
+        assert found == silero_stretches(probs, duration, options)
+        assert all(type(x) is float for r in found for x in r)
 
 
 def test_voiced_seconds_counts_the_speech_inside():
