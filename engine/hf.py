@@ -37,6 +37,7 @@ from engine.windows import Decoded, Request, WindowModel
 PREFIX = "hf:"
 BATCH = 16  # windows a step at most (halved after running out of device memory)
 MAX_NEW_TOKENS = 448  # a chat model's answer for one window at most (Whisper's own bound)
+TEMPLATES_HELD = 256  # (language, prompt) pairs whose request text a Chat keeps tokenized
 
 
 def is_transformers(model: str) -> bool:
@@ -229,6 +230,27 @@ class Chat:
         tokenizer = processor.tokenizer
         self.marker = tokenizer.convert_tokens_to_ids("<asr_text>")
         self.special = set(tokenizer.all_special_ids)
+        # (language, prompt) -> a request's tokens before and after its audio (`prompt_ids`)
+        self._around_audio: dict[tuple[str | None, str | None], tuple[list[int], list[int]]] = {}
+
+    def prompt_ids(self, language: str | None, prompt: str | None, n_audio: int) -> list[int]:
+        """A window's request tokens with `n_audio` audio tokens: what `requests` gives, with
+        the chat template's text around the audio tokenized once for each language and
+        prompt (by the processor, on a second of silence), not once a window."""
+        key = (language, prompt)
+        if key not in self._around_audio:
+            if len(self._around_audio) >= TEMPLATES_HELD:  # prompts are the jobs' own text
+                self._around_audio.clear()
+            built = self.processor.apply_transcription_request(
+                audio=[np.zeros(SAMPLE_RATE, np.float32)],
+                language=[language] if language else None,
+                prompt=[prompt] if prompt else None,
+            )
+            ids, audio = built["input_ids"][0].tolist(), self.processor.audio_token_id
+            first, n = ids.index(audio), ids.count(audio)
+            self._around_audio[key] = (ids[:first], ids[first + n :])
+        before, after = self._around_audio[key]
+        return [*before, *[self.processor.audio_token_id] * n_audio, *after]
 
     def refusals(self, language: str | None) -> list[str]:
         if language is not None and self.languages and language not in self.languages:

@@ -74,7 +74,12 @@ def log_mel_spectrogram(audio: torch.Tensor, n_mels: int) -> torch.Tensor:
     returns: shape = (n_mels, N_FRAMES) or (batch, n_mels, N_FRAMES), float32, on the audio's
         device.
     """
-    audio = torch.nn.functional.pad(audio, (0, max(0, N_SAMPLES - audio.shape[-1])))
+    return log_mel(torch.nn.functional.pad(audio, (0, max(0, N_SAMPLES - audio.shape[-1]))), n_mels)
+
+
+def log_mel(audio: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """`log_mel_spectrogram` of audio as long as it is (n_samples // HOP_LENGTH frames), as
+    the extractors compute a batch padded to its longest member (Qwen3-ASR's)."""
     window, filters = _constants(n_mels, audio.device)
     stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)
     power = stft[..., :-1].abs() ** 2

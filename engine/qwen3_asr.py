@@ -2,9 +2,11 @@
 pool of slots that windows join and leave between decode steps (continuous batching).
 
 The weights are a transformers Qwen3-ASR directory's (`Qwen3ASRForConditionalGeneration`,
-the `-hf` checkpoints), read by name; its processor still builds each window's request (the
-chat prompt, the log-mel features) and parses the answer, as the transformers backend does
-(engine.hf), so both give the same text for the same tokens.
+the `-hf` checkpoints), read by name. Each window's request holds what its processor would
+build (the same log-mel features, computed on the device; the chat prompt's tokens, from the
+processor's text tokenized once for each language and prompt), and its processor parses the
+answer, as the transformers backend does (engine.hf), so both give the same text for the
+same tokens.
 
 - Audio encoder: every 1 s chunk (100 frames) of every window through the convolutions at
   once, then attention within windows of 8 chunks (104 positions; a window's last may be
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,6 +38,7 @@ from engine.hf import Chat, window_refusals
 from engine.kernels.attention import decode_attention
 from engine.kernels.rms import add_rms_norm, norm_rope, rms_norm, rotated, silu_mul
 from engine.kernels.store import store_kv
+from engine.mel import HOP_LENGTH, N_FFT, N_SAMPLES, log_mel, mel_filters
 from engine.options import OptionsError, TranscriptionOptions
 from engine.slots import DECODE_BUCKETS, bucket, key_bucket, slots_within
 from engine.weights import read_config, tensors
@@ -476,6 +480,23 @@ def is_qwen3_asr(source: str) -> bool:
     return config.is_file() and read_config(config.parent).get("model_type") == "qwen3_asr"
 
 
+def _check_extractor(extractor, path: Path) -> None:
+    """The directory's feature extractor is the log-mel `requests` computes (engine.mel's,
+    Whisper's): refused here otherwise, where `hf:` still runs it through transformers."""
+    same = (
+        (extractor.hop_length, extractor.n_fft, extractor.n_samples)
+        == (HOP_LENGTH, N_FFT, N_SAMPLES)
+        and not getattr(extractor, "dither", 0.0)
+        and N_SAMPLES // HOP_LENGTH % (2 * extractor.n_window) == 0
+        and np.allclose(extractor.mel_filters, mel_filters(extractor.feature_size), atol=1e-7)
+    )
+    if not same:
+        raise ValueError(
+            f"{path}: its feature extractor is not the log-mel the engine computes; "
+            f"run it through transformers with model 'hf:{path}'"
+        )
+
+
 class Qwen3ASREngine(WindowModel):
     """Qwen3-ASR on one device: the engine's network over a transformers directory's weights,
     its decoder slots, and the directory's processor (engine.hf.Chat)."""
@@ -502,6 +523,7 @@ class Qwen3ASREngine(WindowModel):
             layer.fuse()
         quiet_transformers()
         self.chat = Chat(AutoProcessor.from_pretrained(path))
+        _check_extractor(self.chat.processor.feature_extractor, path)
         stops = settings.get("eos_token_id")
         self.stops = set(stops if isinstance(stops, list) else [stops])
         self.triton, self.graphs = config.speedups(self.device)
@@ -549,24 +571,45 @@ class Qwen3ASREngine(WindowModel):
         return [(w.key, self.chat.answer(w.generated, w.language)) for w in done]
 
     def _admit(self, requests: list[Request]) -> list[Window]:
-        batch = self.chat.requests([r[1] for r in requests], [r[2] for r in requests])
-        frames = batch["input_features_mask"].sum(-1)
+        features, frames, ids = self.requests(requests)
         with torch.inference_mode():
-            features = batch["input_features"].to(self.device, self.dtype)
-            audio = self.model.audio(features, frames.to(self.device))
+            audio = self.model.audio(features.to(self.dtype), frames.to(self.device))
         windows = [
             Window(
                 key,
-                row[mask.bool()].tolist(),
+                row,
                 options.language,
                 options.min_tokens,
                 options.sample_len or MAX_NEW_TOKENS,
             )
-            for (key, _, options), row, mask in zip(
-                requests, batch["input_ids"], batch["attention_mask"], strict=True
-            )
+            for (key, _, options), row in zip(requests, ids, strict=True)
         ]
         return self.decoder.admit(windows, audio)
+
+    def requests(self, requests: list[Request]) -> tuple[Tensor, Tensor, list[list[int]]]:
+        """What the processor's requests hold (engine.hf.Chat.requests), made here: each
+        window's log-mel on the device (`engine.mel.log_mel`: the extractor's, over the window
+        as long as it is, at least `min_length` samples, floored at 8 below its own peak;
+        windows of one length in one pass), right-padded with zeros to whole chunks; its real
+        frames; and its tokens (the chat's text tokenized once, `Chat.prompt_ids`). The
+        processor took most of the host's time in a batch of 384 windows (docs/benchmarks.md)."""
+        extractor = self.chat.processor.feature_extractor
+        counts = [max(len(samples), extractor.min_length) for _, samples, _ in requests]
+        frames = [n // HOP_LENGTH for n in counts]
+        width = -(-max(frames) // CHUNK_FRAMES) * CHUNK_FRAMES
+        features = torch.zeros(len(requests), extractor.feature_size, width, device=self.device)
+        for n in set(counts):
+            rows = [i for i, c in enumerate(counts) if c == n]
+            audio = torch.zeros(len(rows), n)
+            for row, i in zip(audio, rows, strict=True):
+                row[: len(requests[i][1])] = torch.from_numpy(requests[i][1])
+            mel = log_mel(audio.to(self.device), extractor.feature_size)
+            features[rows, :, : n // HOP_LENGTH] = mel
+        ids = [
+            self.chat.prompt_ids(o.language, o.initial_prompt, audio_tokens(f))
+            for (_, _, o), f in zip(requests, frames, strict=True)
+        ]
+        return features, torch.tensor(frames), ids
 
     def capture(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Every decode step shape, captured now rather than as windows first meet it."""

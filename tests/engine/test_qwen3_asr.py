@@ -159,6 +159,45 @@ def test_a_windows_request_does_not_depend_on_its_neighbours(native, inputs):
     assert torch.equal(together["input_ids"][1][mask], alone["input_ids"][0])
 
 
+def test_the_engines_requests_are_the_processors(native, inputs):
+    """Each window's request built by the engine (log-mel on the device, the chat's text
+    tokenized once) holds the processor's tokens, real frames and features: windows shorter
+    than the extractor's minimum, of odd lengths, whole, quiet, of one length together, with
+    and without a language and a prompt."""
+    import torch
+
+    from engine.options import TranscriptionOptions as O
+
+    rng = np.random.default_rng(0)
+    noise = (rng.standard_normal(480000) * 0.1).astype(np.float32)
+    windows = [np.zeros(100, np.float32), inputs[0][:12345], inputs[1], noise, inputs[2] * 0.01]
+    windows += [inputs[0][:12345], inputs[-1][:480000]]
+    options = [O(), O(language="en"), O(initial_prompt="Kennedy, Apollo"), O(language="fr")]
+    options += [O(initial_prompt="bonjour", language="fr"), O(language="en"), O()]
+    engine = native.engine
+    features, frames, ids = engine.requests(list(zip(range(7), windows, options, strict=True)))
+    expected = engine.chat.requests(windows, options)
+    assert torch.equal(frames, expected["input_features_mask"].sum(-1))
+    assert torch.equal(features, expected["input_features"])
+    for mine, row, mask in zip(ids, expected["input_ids"], expected["attention_mask"], strict=True):
+        assert mine == row[mask.bool()].tolist()
+
+
+def test_a_directory_whose_extractor_the_engine_does_not_compute_is_sent_to_transformers(
+    made, tmp_path
+):
+    import json
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(made, other)
+    config = json.loads((other / "processor_config.json").read_text())
+    config["feature_extractor"]["hop_length"] = 200
+    (other / "processor_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="run it through transformers with model 'hf:"):
+        Engine.open(EngineConfig(model=str(other), device="cpu", slots=1))
+
+
 @pytest.mark.requires_cuda
 def test_on_cuda_graphs_give_the_eager_steps_tokens_and_fp32_gives_transformers(made, inputs):
     """fp16: the decode step captured per (rows, keys) bucket and replayed gives what the
