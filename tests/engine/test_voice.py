@@ -143,7 +143,7 @@ def test_speakers_are_found_while_the_words_are_decoded(tiny_en, conversation, m
     tiny_en.submit("talk", talk, DIARIZE, progress=lambda seconds, _: done.append(seconds))
     steps_until(tiny_en, lambda _: held.entered.is_set())
     assert not done  # entered before any window was decoded
-    for _ in range(100):  # its words, to the end
+    for _ in range(400):  # its words, to the end
         if done and done[-1] >= conversation.duration - 0.05:
             break
         assert tiny_en.step() == []
