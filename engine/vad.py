@@ -249,5 +249,5 @@ def voiced_seconds(regions: list[tuple[float, float]], start: float, end: float)
         s, e = regions[k]
         if s >= end:
             break
-        total += min(e, end) - max(s, start)
+        total += max(0.0, min(e, end) - max(s, start))  # none of an interval backwards
     return total
