@@ -38,9 +38,13 @@ from engine.mel import (
     log_mel_spectrogram,
     stream_log10_mel,
 )
-from engine.vad import Detector, speech_regions
+from engine.vad import BLOCK_CHUNKS, CHUNK, Detector, speech_regions
 
 SPECTROGRAM_DTYPES = (np.float16, np.float32, np.float64)
+# a first pass reads long audio in blocks of this many seconds (Silero's largest pass, 131 s):
+# each block is a few launches and one copy to the device, whatever its length, and 30 s blocks
+# made the first passes of 16 long inputs side by side bound by the host
+FIRST_PASS_S = BLOCK_CHUNKS * CHUNK / SAMPLE_RATE
 
 
 def _normalize(log10_mel: torch.Tensor, log10_max: float) -> torch.Tensor:
@@ -118,21 +122,25 @@ class _StreamedMel(MelSource):
 
     def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float):
         self.n_mels, self._audio = n_mels, audio
-        log10_max, n_frames, n_samples = -math.inf, 0, 0
+        n_frames, n_samples = 0, 0
 
-        def counted(blocks: Iterator[np.ndarray], voice: Detector) -> Iterator[np.ndarray]:
+        def sent(blocks: Iterator[np.ndarray]) -> Iterator[torch.Tensor]:
             nonlocal n_samples
             for block in within_limit(blocks, max_s, audio.format):
                 n_samples += len(block)
-                voice.feed(block)
-                yield block
+                x = torch.from_numpy(np.ascontiguousarray(block, np.float32)).to(device)
+                voice.feed(x)
+                yield x
 
-        with own_stream(device):  # first pass
+        with own_stream(device):  # first pass: the host waits for the device once, at the end
             voice = Detector(device)
-            for frames in stream_log10_mel(counted(audio.blocks(), voice), n_mels, device):
-                log10_max = max(log10_max, frames.max().item())
+            peak = torch.full((), -math.inf, device=device)
+            blocks = sent(audio.blocks(FIRST_PASS_S))
+            for frames in stream_log10_mel(blocks, n_mels, device):
+                peak = torch.maximum(peak, frames.amax())
                 n_frames += frames.shape[1]
             probs = voice.finish()
+            log10_max = peak.item()
         self.log10_max, self.n_frames = log10_max, n_frames
         self.duration = n_samples / SAMPLE_RATE
         self.speech = speech_regions(probs, self.duration)
@@ -243,9 +251,10 @@ class _SamplesAsAudio:
     def __init__(self, samples: np.ndarray):
         self.samples = samples
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        for i in range(0, len(self.samples), N_SAMPLES):
-            yield self.samples[i : i + N_SAMPLES]
+    def blocks(self, seconds: float = N_SAMPLES / SAMPLE_RATE) -> Iterator[np.ndarray]:
+        n = round(seconds * SAMPLE_RATE)
+        for i in range(0, len(self.samples), n):
+            yield self.samples[i : i + n]
 
 
 def spectrogram_source(

@@ -99,9 +99,10 @@ def _log10_mel(segment: torch.Tensor, n_mels: int) -> torch.Tensor:
 
 
 def stream_log10_mel(
-    blocks: Iterable[np.ndarray], n_mels: int, device: torch.device | str = "cpu"
+    blocks: Iterable[np.ndarray | torch.Tensor], n_mels: int, device: torch.device | str = "cpu"
 ) -> Iterator[torch.Tensor]:
-    """log10 mel frames of a 16 kHz sample stream, in pieces of shape (n_mels, k).
+    """log10 mel frames of a 16 kHz sample stream (arrays, or tensors on `device`), in pieces
+    of shape (n_mels, k).
 
     Equal to `torch.stft(center=True)` over the whole signal (reflect-padded at both ends),
     less its last frame, as `WhisperFeatureExtractor` computes with `truncation=False`:
@@ -120,7 +121,7 @@ def stream_log10_mel(
 
     started = False
     for block in blocks:
-        x = torch.from_numpy(np.ascontiguousarray(block, dtype=np.float32)).to(device)
+        x = torch.as_tensor(block, dtype=torch.float32, device=device)
         total += len(x)
         tail = torch.cat([tail, x])[-(pad + 1) :]
         buffer = x if buffer is None else torch.cat([buffer, x])

@@ -3,14 +3,17 @@ through the engine's stream (the interface the workers drive) with `vad` off, on
 `diarize`; and the two stages timed alone on the same audio.
 
     python scripts/voice_bench.py [--audio-dir ../shared/audio/dev] [--device cuda]
-        [--model tiny.en] [--copies 16] [--runs 3] [--json out.json]
+        [--model tiny.en] [--copies 16] [--runs 3] [--step-priority N] [--json out.json]
 
 The recording: the dev set's English clips one after another, each followed by room tone half
 as long as itself, so that one third of it is without speech (about 8 minutes); `--copies`
 of it go through the stream at once, as a worker's jobs would. Rows:
 
-- transcription, vad off / on: `Stream.transcribe` of every copy (sequential mode), audio
+- transcription, vad off / on: `Stream.transcribe` of every copy (sequential mode: each
+  input's first pass on a preparing thread, its windows decoded as soon as it is ready), audio
   seconds per second (RTFx), median and range of `--runs`;
+- transcription without Silero: vad off, with a stand-in for `engine.inputs.Detector` that
+  hears nothing: the transcription with no voice activity at all;
 - word timestamps: the same with word timestamps (vad on), which diarize turns on;
 - with diarize: the same with the option diarize (voice activity on, words timed, speakers
   found on the stream's diarizing thread);
@@ -22,18 +25,21 @@ of it go through the stream at once, as a worker's jobs would. Rows:
   every copy from its speech (`engine.diarize.speaker_turns`: windows embedded together,
   clustered); each as a share of the transcription with vad off;
 - first passes, with Silero and without: `Stream.prepare` of every copy on PREPARE_THREADS
-  threads, as `transcribe` runs it before any window is decoded (log-mel and voice activity;
-  without, `engine.inputs.Detector` is a stand-in that hears nothing).
+  threads and nothing else (log-mel and voice activity; without, the stand-in).
 
-Then what they add to the transcription, in the stream: Silero's, the first passes with it
-less without (every long input's first pass runs it, whatever its options: `vad` decides only
-what is done with the speech); the speakers', the diarized transcription less the one with
-word timestamps alone (diarize times the words, and those are the option's, not the speakers').
+Then what they add to the transcription, in the stream, as a share of the one without Silero:
+Silero's, the transcription with vad off less the one without Silero (every long input's first
+pass runs it, whatever its options: `vad` decides only what is done with the speech); the
+speakers', the diarized transcription less the one with word timestamps alone (diarize times
+the words, and those are the option's, not the speakers'). `--step-priority` sets the CUDA
+priority of the stream's decode steps (`engine.stream.STEP_PRIORITY`; 0 is the default
+stream's, the first passes' and the diarizer's).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -48,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Engine, EngineConfig, TranscriptionOptions, inputs  # noqa: E402
+from engine import stream as stream_module  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.diarize import Recording, speaker_turns  # noqa: E402
 from engine.inputs import own_stream  # noqa: E402
@@ -58,6 +65,9 @@ from scripts.measure import spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import concatenation, leveled, room_tone  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402
+
+WORDS = "word timestamps (vad on)"
+DIARIZED = "with diarize"
 
 
 def recording(audio_dir: Path) -> tuple[np.ndarray, str]:
@@ -87,8 +97,10 @@ def main() -> int:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--copies", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--step-priority", type=int, default=stream_module.STEP_PRIORITY)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    stream_module.STEP_PRIORITY = args.step_priority
 
     samples, reference = recording(args.audio_dir)
     seconds = len(samples) / 16000
@@ -105,17 +117,20 @@ def main() -> int:
         f"median (range) of {args.runs} runs\n"
     )
     rows, out = {}, {}
-    for name, options in (
-        ("transcription, vad off", TranscriptionOptions(vad=False)),
-        ("transcription, vad on", TranscriptionOptions(vad=True)),
-        ("word timestamps (vad on)", TranscriptionOptions(vad=True, word_timestamps=True)),
-        ("with diarize", TranscriptionOptions(diarize=SpeakerCount())),
-        ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False)),
-        ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True)),
+    for name, options, hears in (
+        ("transcription, vad off", TranscriptionOptions(vad=False), True),
+        ("transcription without Silero (vad off)", TranscriptionOptions(vad=False), False),
+        ("transcription, vad on", TranscriptionOptions(vad=True), True),
+        (WORDS, TranscriptionOptions(vad=True, word_timestamps=True), True),
+        (DIARIZED, TranscriptionOptions(diarize=SpeakerCount()), True),
+        ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False), True),
+        ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True), True),
     ):
-        synced(lambda o=options: stream.transcribe(items[:1], o))()  # its first-time costs
-        before = stream.stats
-        results, times = timed(synced(lambda o=options: stream.transcribe(items, o)), args.runs)
+        with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
+            synced(lambda o=options: stream.transcribe(items[:1], o))()  # its first-time costs
+            before = stream.stats
+            run = synced(lambda o=options: stream.transcribe(items, o))
+            results, times = timed(run, args.runs)
         windows = (stream.stats - before).windows // args.runs
         wer = word_error_rate([reference], [results[0].text])
         rows[name] = times
@@ -127,9 +142,9 @@ def main() -> int:
         _, vad_times = timed(synced(lambda: list(pool.map(_own_vad(device), items))), args.runs)
     _, serial_times = timed(synced(lambda: [_vad(x, device) for x in items]), args.runs)
     recordings = [Recording([x], seconds, regions) for x in items]
-    triton = stream.engine.triton  # the embedder's kernels, as the stream's diarizer runs it
+    triton, graphs = stream.engine.triton, stream.engine.graphs  # as the diarizer runs it
     _, diarize_times = timed(
-        synced(lambda: speaker_turns(recordings, device, triton=triton)), args.runs
+        synced(lambda: speaker_turns(recordings, device, triton=triton, graphs=graphs)), args.runs
     )
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         _, heard = timed(synced(lambda: list(pool.map(stream.prepare, items))), args.runs)
@@ -140,9 +155,11 @@ def main() -> int:
     rows["diarization alone (from the speech)"] = diarize_times
     rows["first passes (`prepare`), with Silero"] = heard
     rows["first passes (`prepare`), without"] = unheard
-    base = statistics.median(rows["transcription, vad off"])
+    base = statistics.median(rows["transcription without Silero (vad off)"])
 
-    print("| run | seconds | audio s per second | share of transcription (vad off) | WER |")
+    print(
+        "| run | seconds | audio s per second | share of the transcription without Silero | WER |"
+    )
     print("|---|---|---|---|---|")
     for name, times in rows.items():
         rtfx = spread([audio / t for t in times], 0)
@@ -151,20 +168,17 @@ def main() -> int:
         print(f"| {name} | {spread(times)} | {rtfx} | {share} | {wer} |")
     together = (statistics.median(vad_times) + statistics.median(diarize_times)) / base
     print(f"\nVAD and diarization alone together: {together:.1%} of the transcription's time")
-    words, diarized = (
-        statistics.median(rows[k]) for k in ("word timestamps (vad on)", "with diarize")
-    )
-    vad_added = statistics.median(heard) - statistics.median(unheard)
+    silero = statistics.median(rows["transcription, vad off"]) - base
+    speakers = statistics.median(rows[DIARIZED]) - statistics.median(rows[WORDS])
     print(
-        f"added to the transcription: Silero in the first passes {vad_added:.3f} s "
-        f"({vad_added / base:.1%}), the speakers (diarize over word timestamps) "
-        f"{diarized - words:.3f} s ({(diarized - words) / base:.1%}); "
-        f"together {(vad_added + diarized - words) / base:.1%}"
+        f"added to the transcription: Silero {silero:.3f} s ({silero / base:.1%}), the "
+        f"speakers (diarize over word timestamps) {speakers:.3f} s ({speakers / base:.1%}); "
+        f"together {(silero + speakers) / base:.1%}"
     )
     if args.json:
         out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
         out.update(prepare_heard=heard, prepare_unheard=unheard)
-        out.update(audio_s=audio, speech=speech)
+        out.update(audio_s=audio, speech=speech, step_priority=args.step_priority)
         args.json.write_text(json.dumps(out, indent=1))
     return 0
 
