@@ -41,9 +41,10 @@ from engine.mel import (
 from engine.vad import BLOCK_CHUNKS, CHUNK, Detector, speech_regions
 
 SPECTROGRAM_DTYPES = (np.float16, np.float32, np.float64)
-# a first pass reads long audio in blocks of this many seconds (Silero's largest pass, 131 s):
-# each block is a few launches and one copy to the device, whatever its length, and 30 s blocks
-# made the first passes of 16 long inputs side by side bound by the host
+# a first pass (and diarization, reading it again) reads long audio in blocks of this many
+# seconds (Silero's largest pass, 131 s): each block is a few launches and one copy to the
+# device, whatever its length, and 30 s blocks made the first passes of 16 long inputs side by
+# side bound by the host
 FIRST_PASS_S = BLOCK_CHUNKS * CHUNK / SAMPLE_RATE
 
 
@@ -150,7 +151,7 @@ class _StreamedMel(MelSource):
         self._start = 0  # frame index of self._held[:, 0]
 
     def samples(self) -> Iterator[np.ndarray]:
-        return self._audio.blocks()
+        return self._audio.blocks(FIRST_PASS_S)
 
     def window(self, seek: int) -> torch.Tensor:
         if seek < self._start:
