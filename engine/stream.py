@@ -28,7 +28,6 @@ import functools
 import itertools
 import operator
 import os
-import queue
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -59,11 +58,6 @@ PREPARE_THREADS = 8  # threads `transcribe` decodes its inputs on, at most
 # a step with no window to decode waits this long for a diarization to end (and no longer: the
 # worker's batcher admits new inputs between steps)
 SPEAKERS_WAIT_S = 0.02
-# On CUDA a stream's own work runs on a CUDA stream of this priority (lower runs sooner; torch's
-# default stream has 0, the lowest): when the GPU is full, the blocks of a decode step are
-# scheduled before those of the first passes and speaker embeddings queued beside them
-# (`engine.inputs.own_stream`), which otherwise delay each step that waits for its tokens
-STEP_PRIORITY = -1
 
 
 @dataclass(frozen=True)
@@ -136,55 +130,28 @@ class Streaming:
     ) -> list[Transcription]:
         """Transcribe these inputs together, on an idle stream; progress: (input index,
         seconds done, seconds in all). A failure leaves the stream idle and free. The inputs
-        are decoded on up to PREPARE_THREADS threads (the audio decoder releases the GIL: one
+        are decoded on up to PREPARE_THREADS threads (the audio decoder releases the GIL): one
         by one, the 168 short FLAC clips of `scripts/rtfx_bench.py` take about 0.3 s of one
-        CPU core, where the engine's whole run over them took 0.6 s on an H200), and each
-        joins the stream as soon as it is ready, as a worker's jobs do: the windows of the
-        first are decoded while the others' first passes read them."""
+        CPU core, where the engine's whole run over them took 0.6 s on an H200."""
         if self.busy:
             raise RuntimeError("transcribe() needs an idle stream; this one has inputs in it")
         options = self.check(options or TranscriptionOptions())
         threads = max(1, min(len(items), PREPARE_THREADS, os.cpu_count() or 1))
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="prepare")
-        ready: queue.SimpleQueue[tuple[int, Future[Prepared]]] = queue.SimpleQueue()
-        for i, item in enumerate(items):
-            pool.submit(self.prepare, item).add_done_callback(lambda f, i=i: ready.put((i, f)))
+        with ThreadPoolExecutor(threads, thread_name_prefix="prepare") as pool:
+            prepared = list(pool.map(self.prepare, items))
+        for i, p in enumerate(prepared):
+            self.submit(i, p, options, progress=progress and functools.partial(progress, i))
         results: dict[Hashable, Transcription] = {}
-        left = len(items)  # not yet in the stream
         try:
-            while left or self.busy:
-                while left and not (self.busy and ready.empty()):  # waits only when idle
-                    i, prepared = ready.get()
-                    left -= 1
-                    on = progress and functools.partial(progress, i)
-                    self.submit(i, prepared.result(), options, progress=on)
+            while self.busy:
                 for f in self.step():
                     if f.error is not None:
                         raise f.error
                     results[f.owner] = f.transcription
         except BaseException:
-            pool.shutdown(cancel_futures=True)
             self.reset()
             raise
-        pool.shutdown()
         return [results[i] for i in range(len(items))]
-
-
-def _on_steps(method: Callable) -> Callable:
-    """The method's device work on the stream's own CUDA stream (STEP_PRIORITY), after what
-    was queued on the caller's current stream before it (the runner's buffers, a copy of a
-    caller's spectrogram)."""
-
-    @functools.wraps(method)
-    def run(self: Stream, *args, **kwargs):
-        steps = self._steps
-        if steps is None:
-            return method(self, *args, **kwargs)
-        steps.wait_stream(torch.cuda.current_stream(steps.device))
-        with torch.cuda.stream(steps):
-            return method(self, *args, **kwargs)
-
-    return run
 
 
 class Stream(Streaming):
@@ -194,8 +161,6 @@ class Stream(Streaming):
     def __init__(self, engine: Engine):
         self.engine = engine
         self.stats = StreamStats()
-        device = engine.loaded.device
-        self._steps = None if device.type != "cuda" else torch.cuda.Stream(device, STEP_PRIORITY)
         self._runner: Runner = engine.runner()
         self._aligner: Aligner | None = None  # once an input asks for word timestamps
         self._inputs: dict[Hashable, _Input] = {}  # every input not yet handed back
@@ -239,7 +204,6 @@ class Stream(Streaming):
         self._inputs[owner] = entry = _Input(owner, item, options, progress, order)
         self._new.append(entry)
 
-    @_on_steps
     def abort(self, owner: Hashable) -> bool:
         """Take an input out of the stream (between steps): its windows leave their slots and
         it is never handed back (nor its speakers, if they are being found). False if it was
@@ -255,7 +219,6 @@ class Stream(Streaming):
         self._runner.compact()
         return True
 
-    @_on_steps
     def reset(self) -> None:
         """Drop every input (after a failure): the pool is free again."""
         self._runner.reset()
@@ -268,7 +231,6 @@ class Stream(Streaming):
         self._decoded.clear()
         self._diarizing = None  # what is being found is dropped as it ends
 
-    @_on_steps
     def shrink(self) -> bool:
         """Drop every input and halve the pool of slots (after running out of device memory);
         False at one slot, where there is nothing left to give up."""
@@ -279,7 +241,6 @@ class Stream(Streaming):
         self._runner = self.engine.runner()
         return True
 
-    @_on_steps
     @torch.inference_mode()
     def step(self) -> list[Finished]:
         """Launch decode steps, admit ready windows while the GPU runs them, then hand back the
@@ -371,7 +332,6 @@ class Stream(Streaming):
             batch, self._asking = self._asking, []
             self._diarizing = (batch, self._diarizer.submit(self._diarized, batch))
 
-    @_on_steps
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Pay the first-time costs before the first input does: capture the graphs an input
         without a prompt can need (on CUDA: every encoder batch and decode step shape), then
@@ -385,7 +345,6 @@ class Stream(Streaming):
         self.stats = StreamStats()  # what it has done is for users' inputs only
         return captured
 
-    @_on_steps
     def warm_next(self) -> bool:
         """Capture one graph `warm` left for later (a wider prompt's prefill), while idle;
         False when none was left."""

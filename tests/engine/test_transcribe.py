@@ -198,8 +198,7 @@ def test_a_transcription_that_fails_midway_leaves_the_pool_free(tiny_en, clips, 
     items = [clips["en_jfk"].bytes, clips["en_librispeech_1272-128104-0000"].bytes]
     with pytest.raises(RuntimeError, match="the input broke"):
         tiny_en.transcribe(items)
-    # windows were live when it broke (the second input joins when its first read ends)
-    assert len(calls) == 2 and calls[1] >= 1 and not tiny_en.busy
+    assert calls == [2, 2] and not tiny_en.busy
     monkeypatch.undo()
     assert "ask not what your country" in transcribe(tiny_en, clips["en_jfk"].bytes).text
 
@@ -207,9 +206,8 @@ def test_a_transcription_that_fails_midway_leaves_the_pool_free(tiny_en, clips, 
 def test_inputs_decoded_on_several_threads_keep_their_order_and_a_bad_one_stops_the_call(
     tiny_en, clips
 ):
-    """`transcribe` decodes its inputs on a pool of threads, each joining the stream when it
-    is ready: an undecodable one raises its own error and leaves the stream free, and the
-    results keep the inputs' order."""
+    """`transcribe` decodes its inputs on a pool of threads: an undecodable one raises its own
+    error before any work starts, and the results keep the inputs' order."""
     from engine import AudioError
 
     jfk, libri = clips["en_jfk"].bytes, clips["en_librispeech_1272-128104-0000"].bytes
@@ -219,26 +217,6 @@ def test_inputs_decoded_on_several_threads_keep_their_order_and_a_bad_one_stops_
     texts = [t.text for t in tiny_en.transcribe([libri, jfk, libri])]
     assert "ask not what your country" in texts[1]
     assert texts[0] == texts[2] and "ask not" not in texts[0]
-
-
-def test_an_input_is_decoded_while_a_later_one_is_still_read(tiny_en, clips, monkeypatch):
-    """`transcribe` feeds the stream each input as soon as it is ready, as a worker's jobs:
-    the second input's read waits until the first's windows are being decoded."""
-    import threading
-
-    decoding = threading.Event()
-    prepare = type(tiny_en).prepare
-
-    def slow_second(self, item):
-        if item is second:
-            assert decoding.wait(60), "the first input was not decoded while this one was read"
-        return prepare(self, item)
-
-    monkeypatch.setattr(type(tiny_en), "prepare", slow_second)
-    first, second = clips["en_jfk"].bytes, clips["en_librispeech_1272-128104-0000"].bytes
-    progress = lambda i, done, total: i == 0 and decoding.set()  # noqa: E731
-    texts = [t.text for t in tiny_en.transcribe([first, second], progress=progress)]
-    assert "ask not what your country" in texts[0] and "ask not" not in texts[1]
 
 
 def test_options_the_stream_has_no_room_for_are_refused_before_work(clips):
