@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.mel import to_device
 from engine.options import SpeakerCount
 from engine.result import Segment, Speaker, Word
 from engine.speakers import SAMPLE_RATE, load
@@ -71,8 +72,7 @@ def cuts(
     held, start, at = torch.zeros(0, device=device), 0, 0  # start: held[0]'s index in the input
     for block in chain(blocks if starts else [], [None]):  # none to cut: nothing read
         if block is not None:
-            block = torch.from_numpy(np.ascontiguousarray(block, dtype=np.float32))
-            held = torch.cat([held, block.to(device)])
+            held = torch.cat([held, to_device(block, device)])
             last = bisect_right(starts, start + len(held) - n, lo=at)  # the windows held whole
         else:  # the end: the rest, zero-padded past it
             last = len(starts)

@@ -37,6 +37,7 @@ from engine.mel import (
     SAMPLE_RATE,
     log_mel_spectrogram,
     stream_log10_mel,
+    to_device,
 )
 from engine.vad import BLOCK_CHUNKS, CHUNK, Detector, speech_regions
 
@@ -129,7 +130,7 @@ class _StreamedMel(MelSource):
             nonlocal n_samples
             for block in within_limit(blocks, max_s, audio.format):
                 n_samples += len(block)
-                x = torch.from_numpy(np.ascontiguousarray(block, np.float32)).to(device)
+                x = to_device(block, device)
                 voice.feed(x)
                 yield x
 
