@@ -4,7 +4,8 @@ answered every origin's CORS preflight). Against a real `worker.local.s3_server`
 
 import io
 import subprocess
-import time
+from datetime import UTC, datetime, timedelta
+from unittest import mock
 
 import boto3
 import httpx
@@ -86,14 +87,21 @@ def test_an_edited_forged_or_expired_presigned_url_is_refused(endpoint, bucket):
     for answer in map(httpx.get, (edited, forged, longer)):
         assert (answer.status_code, error(answer)) == (403, "SignatureDoesNotMatch")
         assert b"not yours" not in answer.content
-    short = s3.generate_presigned_url(
-        "get_object", Params={"Bucket": bucket, "Key": KEY}, ExpiresIn=1
-    )
-    assert httpx.get(short).status_code == 200
-    time.sleep(2.1)
-    answer = httpx.get(short)
+    # signed 30 s ago: still good for 60 s, expired after 10 (signed then, not raced against a
+    # 1 s expiry, which a busy machine missed)
+    assert httpx.get(signed_ago(s3, bucket, 30, expires_s=60)).status_code == 200
+    answer = httpx.get(signed_ago(s3, bucket, 30, expires_s=10))
     assert (answer.status_code, error(answer)) == (403, "AccessDenied")
     assert "expired" in answer.text
+
+
+def signed_ago(s3, bucket: str, seconds: float, expires_s: int) -> str:
+    """A presigned GET of KEY as signed `seconds` ago."""
+    then = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=seconds)
+    with mock.patch("botocore.auth.get_current_datetime", return_value=then):
+        return s3.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": KEY}, ExpiresIn=expires_s
+        )
 
 
 def test_a_request_unsigned_or_signed_with_another_key_is_refused(endpoint, bucket):
