@@ -288,9 +288,13 @@ def attribute(
     part's tokens are the text tokens decoded to its words); ids numbered again."""
     label_at = _labeller(turns)
     out: list[Segment] = []
+
+    def add(segment: Segment, **changes) -> None:  # numbered as it comes: one copy a segment
+        out.append(replace(segment, id=len(out), **changes))
+
     for segment in segments:
         if not segment.words:
-            out.append(replace(segment, speaker=label_at(segment.start, segment.end)))
+            add(segment, speaker=label_at(segment.start, segment.end))
             continue
         words = [
             Word(w.word, w.start, w.end, w.probability, label_at(w.start, w.end))
@@ -298,7 +302,7 @@ def attribute(
         ]
         runs = [list(run) for _, run in groupby(words, key=attrgetter("speaker"))]
         if len(runs) == 1:
-            out.append(replace(segment, words=words, speaker=words[0].speaker))
+            add(segment, words=words, speaker=words[0].speaker)
             continue
         text = [t for t in segment.tokens if t < eot]
         ends = [len(decode(text[:k])) for k in range(len(text) + 1)]
@@ -306,19 +310,17 @@ def attribute(
         for run in runs:
             length += sum(len(w.word) for w in run)
             last = next((k for k in range(first, len(text) + 1) if ends[k] >= length), len(text))
-            out.append(
-                replace(
-                    segment,
-                    start=run[0].start,
-                    end=run[-1].end,
-                    text="".join(w.word for w in run),
-                    tokens=text[first:last],
-                    words=run,
-                    speaker=run[0].speaker,
-                )
+            add(
+                segment,
+                start=run[0].start,
+                end=run[-1].end,
+                text="".join(w.word for w in run),
+                tokens=text[first:last],
+                words=run,
+                speaker=run[0].speaker,
             )
             first = last
-    return [s if s.id == i else replace(s, id=i) for i, s in enumerate(out)]
+    return out
 
 
 def _labeller(turns: list[Turn]) -> Callable[[float, float], str | None]:
