@@ -51,6 +51,24 @@ def test_fed_in_blocks_of_any_size_equals_fed_whole(clips):
     np.testing.assert_allclose(detector.finish(), vad.speech_probabilities(samples), atol=1e-6)
 
 
+@pytest.mark.requires_cuda
+def test_on_a_gpu_blocks_sent_there_give_the_cpus_probabilities(clips):
+    """A first pass sends each 131 s block to the device once, for its log-mel and for Silero
+    (`engine.inputs`): fed those device tensors, the detector gives the probabilities of the
+    CPU fed arrays, over minutes of speech and silence."""
+    names = ("en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131")
+    speech = [decode_audio(clips[n].bytes) for n in names]
+    samples = np.concatenate([*speech, np.zeros(16000 * 40, np.float32)] * 4)  # 4.5 minutes
+    on_gpu = vad.Detector("cuda")
+    step = vad.BLOCK_CHUNKS * vad.CHUNK
+    for start in range(0, len(samples), step):
+        on_gpu.feed(torch.from_numpy(samples[start : start + step]).to("cuda"))
+    probs = on_gpu.finish()
+    expected = vad.speech_probabilities(samples)
+    assert len(probs) == len(expected)
+    assert np.abs(probs - expected).max() < 1e-3  # cuDNN's LSTM against the CPU's
+
+
 def test_silence_and_room_tone_hold_no_speech():
     rng = np.random.default_rng(0)
     for samples in (
