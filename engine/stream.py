@@ -58,11 +58,6 @@ PREPARE_THREADS = 8  # threads `transcribe` decodes its inputs on, at most
 # a step with no window to decode waits this long for a diarization to end (and no longer: the
 # worker's batcher admits new inputs between steps)
 SPEAKERS_WAIT_S = 0.02
-# On CUDA a stream's own work runs on a CUDA stream of this priority (lower runs sooner; torch's
-# default stream has 0, the lowest): when the GPU is full, the blocks of a decode step are
-# scheduled before those of the first passes and speaker embeddings queued beside them
-# (`engine.inputs.own_stream`), which otherwise delay each step that waits for its tokens
-STEP_PRIORITY = -1
 
 
 @dataclass(frozen=True)
@@ -159,23 +154,6 @@ class Streaming:
         return [results[i] for i in range(len(items))]
 
 
-def _on_steps(method: Callable) -> Callable:
-    """The method's device work on the stream's own CUDA stream (STEP_PRIORITY), after what
-    was queued on the caller's current stream before it (the runner's buffers, a copy of a
-    caller's spectrogram)."""
-
-    @functools.wraps(method)
-    def run(self: Stream, *args, **kwargs):
-        steps = self._steps
-        if steps is None:
-            return method(self, *args, **kwargs)
-        steps.wait_stream(torch.cuda.current_stream(steps.device))
-        with torch.cuda.stream(steps):
-            return method(self, *args, **kwargs)
-
-    return run
-
-
 class Stream(Streaming):
     """One model's pool of slots, fed by the inputs submitted to it. Not thread-safe, except
     `prepare` and `check`, which job threads call while another thread steps."""
@@ -183,8 +161,6 @@ class Stream(Streaming):
     def __init__(self, engine: Engine):
         self.engine = engine
         self.stats = StreamStats()
-        device = engine.loaded.device
-        self._steps = None if device.type != "cuda" else torch.cuda.Stream(device, STEP_PRIORITY)
         self._runner: Runner = engine.runner()
         self._aligner: Aligner | None = None  # once an input asks for word timestamps
         self._inputs: dict[Hashable, _Input] = {}  # every input not yet handed back
@@ -228,7 +204,6 @@ class Stream(Streaming):
         self._inputs[owner] = entry = _Input(owner, item, options, progress, order)
         self._new.append(entry)
 
-    @_on_steps
     def abort(self, owner: Hashable) -> bool:
         """Take an input out of the stream (between steps): its windows leave their slots and
         it is never handed back (nor its speakers, if they are being found). False if it was
@@ -244,7 +219,6 @@ class Stream(Streaming):
         self._runner.compact()
         return True
 
-    @_on_steps
     def reset(self) -> None:
         """Drop every input (after a failure): the pool is free again."""
         self._runner.reset()
@@ -257,7 +231,6 @@ class Stream(Streaming):
         self._decoded.clear()
         self._diarizing = None  # what is being found is dropped as it ends
 
-    @_on_steps
     def shrink(self) -> bool:
         """Drop every input and halve the pool of slots (after running out of device memory);
         False at one slot, where there is nothing left to give up."""
@@ -268,7 +241,6 @@ class Stream(Streaming):
         self._runner = self.engine.runner()
         return True
 
-    @_on_steps
     @torch.inference_mode()
     def step(self) -> list[Finished]:
         """Launch decode steps, admit ready windows while the GPU runs them, then hand back the
@@ -360,7 +332,6 @@ class Stream(Streaming):
             batch, self._asking = self._asking, []
             self._diarizing = (batch, self._diarizer.submit(self._diarized, batch))
 
-    @_on_steps
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Pay the first-time costs before the first input does: capture the graphs an input
         without a prompt can need (on CUDA: every encoder batch and decode step shape), then
@@ -374,7 +345,6 @@ class Stream(Streaming):
         self.stats = StreamStats()  # what it has done is for users' inputs only
         return captured
 
-    @_on_steps
     def warm_next(self) -> bool:
         """Capture one graph `warm` left for later (a wider prompt's prefill), while idle;
         False when none was left."""

@@ -3,7 +3,7 @@ through the engine's stream (the interface the workers drive) with `vad` off, on
 `diarize`; and the two stages timed alone on the same audio.
 
     python scripts/voice_bench.py [--audio-dir ../shared/audio/dev] [--device cuda]
-        [--model tiny.en] [--copies 16] [--runs 3] [--step-priority N] [--json out.json]
+        [--model tiny.en] [--copies 16] [--runs 3] [--json out.json]
 
 The recording: the dev set's English clips one after another, each followed by room tone half
 as long as itself, so that one third of it is without speech (about 8 minutes); `--copies`
@@ -31,9 +31,7 @@ Then what they add to the transcription, in the stream, as a share of the one wi
 Silero's, the transcription with vad off less the one without Silero (every long input's first
 pass runs it, whatever its options: `vad` decides only what is done with the speech); the
 speakers', the diarized transcription less the one with word timestamps alone (diarize times
-the words, and those are the option's, not the speakers'). `--step-priority` sets the CUDA
-priority of the stream's decode steps (`engine.stream.STEP_PRIORITY`; 0 is the default
-stream's, the first passes' and the diarizer's).
+the words, and those are the option's, not the speakers').
 """
 
 from __future__ import annotations
@@ -54,7 +52,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Engine, EngineConfig, TranscriptionOptions, inputs  # noqa: E402
-from engine import stream as stream_module  # noqa: E402
 from engine.audio import decode_audio  # noqa: E402
 from engine.diarize import Recording, speaker_turns  # noqa: E402
 from engine.inputs import own_stream  # noqa: E402
@@ -97,10 +94,8 @@ def main() -> int:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--copies", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--step-priority", type=int, default=stream_module.STEP_PRIORITY)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    stream_module.STEP_PRIORITY = args.step_priority
 
     samples, reference = recording(args.audio_dir)
     seconds = len(samples) / 16000
@@ -142,9 +137,9 @@ def main() -> int:
         _, vad_times = timed(synced(lambda: list(pool.map(_own_vad(device), items))), args.runs)
     _, serial_times = timed(synced(lambda: [_vad(x, device) for x in items]), args.runs)
     recordings = [Recording([x], seconds, regions) for x in items]
-    triton, graphs = stream.engine.triton, stream.engine.graphs  # as the diarizer runs it
+    triton = stream.engine.triton  # the embedder's kernels, as the stream's diarizer runs it
     _, diarize_times = timed(
-        synced(lambda: speaker_turns(recordings, device, triton=triton, graphs=graphs)), args.runs
+        synced(lambda: speaker_turns(recordings, device, triton=triton)), args.runs
     )
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         _, heard = timed(synced(lambda: list(pool.map(stream.prepare, items))), args.runs)
@@ -178,7 +173,7 @@ def main() -> int:
     if args.json:
         out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
         out.update(prepare_heard=heard, prepare_unheard=unheard)
-        out.update(audio_s=audio, speech=speech, step_priority=args.step_priority)
+        out.update(audio_s=audio, speech=speech)
         args.json.write_text(json.dumps(out, indent=1))
     return 0
 

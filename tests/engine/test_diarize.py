@@ -1,7 +1,6 @@
 """Who spoke when: CAM++ embeddings of real voices, their clustering, and DER on a conversation
 built from the test clips' three speakers."""
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from importlib import metadata
 
@@ -279,33 +278,3 @@ def test_on_a_gpu_half_precision_embeds_as_fp32(conversation):
     on_cpu = diarize.diarize(conversation.samples, regions)
     assert {t.speaker for t in on_gpu} == {0, 1, 2}
     assert der(conversation, on_gpu) <= der(conversation, on_cpu) + 0.005
-
-
-@pytest.mark.requires_cuda
-def test_on_a_gpu_captured_passes_embed_as_eager_ones_from_two_threads_at_once(conversation):
-    """The embedder's CUDA graphs (`Embedder.embed`: GRAPH_ROWS rows, fewer padded with
-    silence) give each window the eager pass's embedding, at sizes around each graph's and past
-    the largest; and two threads replaying them at once, each on a CUDA stream of its own,
-    each get their own windows' embeddings."""
-    regions = regions_of(conversation.samples)
-    spans = diarize.windows(regions, conversation.duration)
-    cuts = torch.cat(list(diarize.cuts([conversation.samples], spans, "cuda")))
-    eager, graphs = speakers.load("cuda", True), speakers.load("cuda", True, True)
-
-    def same(got: torch.Tensor, windows: torch.Tensor) -> bool:
-        return bool(((got.float() * eager(windows).float()).sum(dim=1) > 1 - 1e-4).all())
-
-    for rows in (1, 63, 64, 65, 300, 1024, 1500):
-        windows = cuts[torch.arange(rows, device="cuda") % len(cuts)]
-        assert same(graphs.embed(windows), windows), rows
-
-    def embed_on_own_stream(windows: torch.Tensor) -> list[torch.Tensor]:
-        with torch.cuda.stream(torch.cuda.Stream()):
-            out = [graphs.embed(windows) for _ in range(10)]
-            torch.cuda.current_stream().synchronize()
-        return out
-
-    parts = [cuts[torch.arange(700, device="cuda") % len(cuts)], cuts.flip(0)[:200]]
-    with ThreadPoolExecutor(2) as pool:
-        for windows, outs in zip(parts, pool.map(embed_on_own_stream, parts), strict=True):
-            assert all(same(out, windows) for out in outs)

@@ -36,22 +36,3 @@ def test_a_warm_stream_captures_the_wider_prompts_later_and_decodes_as_eagerly(e
     assert not idle.warm_next()
     for options, want in expected.items():
         assert tokens(idle, english_clips, options) == want
-
-
-def test_steps_on_their_priority_stream_decode_and_diarize_as_on_the_default_one(english_clips):
-    """A stream's device work runs on a CUDA stream of its own, of high priority
-    (`engine.stream.STEP_PRIORITY`), beside the first passes and the diarizing thread's
-    captured embedder passes: the same tokens and speakers as the same stream's work on the
-    default CUDA stream."""
-    config = EngineConfig(model="tiny.en", device="cuda", slots=16)
-    options = TranscriptionOptions(diarize=True)
-    clips = [c.bytes for c in english_clips]
-
-    def decoded(stream) -> list:
-        results = stream.transcribe(clips, options)
-        return [[(s.tokens, s.speaker) for s in r.segments] for r in results]
-
-    on_default = Engine.open(config)
-    on_default._steps = None  # every method's work on the caller's current stream
-    expected = decoded(on_default)
-    assert decoded(Engine.open(config)) == expected
