@@ -302,9 +302,7 @@ def spectrogram_source(
     content = int(loud[-1]) + 1 if len(loud) else 0
     if content > max_frames:  # a limit under 30 s
         raise _too_many_frames(content, max_s)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return _HeldMel(host.to(device, non_blocking=True), content, floor)
+    return _HeldMel(to_device(host, device), content, floor)
 
 
 def _too_many_frames(n: int, max_s: float) -> SpectrogramTooLong:

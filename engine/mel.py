@@ -98,12 +98,16 @@ def _log10_mel(segment: torch.Tensor, n_mels: int) -> torch.Tensor:
     return torch.clamp(filters.T @ (stft.abs() ** 2), min=1e-10).log10()
 
 
-def to_device(samples: np.ndarray, device: torch.device | str) -> torch.Tensor:
-    """float32 samples on `device`. To a GPU through pinned memory, without waiting: a copy
-    from pageable memory first waits for the work queued on the stream, which would hold a
-    long input's reading to the pace of the work on each block before (its Silero, a
-    diarization's embedding passes)."""
-    x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+def to_device(samples: np.ndarray | torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """float32 samples (or a host tensor: a spectrogram) on `device`. To a GPU through pinned
+    memory, without waiting: a copy from pageable memory first waits for the work queued on the
+    stream, which would hold a long input's reading to the pace of the work on each block
+    before (its Silero, a diarization's embedding passes), and a window's preparing to the
+    pace of the decode steps queued."""
+    if isinstance(samples, torch.Tensor):
+        x = samples.float()
+    else:
+        x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
     if torch.device(device).type != "cuda":
         return x.to(device)
     return x.pin_memory().to(device, non_blocking=True)
