@@ -8,7 +8,8 @@ kernel here splits the positions across thread blocks (split-K, as flash-decodin
 K/V once, in whatever dtype the cache holds (fp16, bf16 or fp8), stops at each row's length,
 and merges the partial softmaxes in a second small kernel. Large batches of an fp16/bf16
 cross-attention cache go to cuDNN, which reads it faster. Grouped query heads (Qwen3's decoder:
-more query heads than key heads) read their group's key head where it lies.
+more query heads than key heads) read their group's key head where it lies, once for the
+group: one program a key head, the group's scores and sums as products.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ TARGET_PROGRAMS = 1024  # split until this many (row, head, split) programs run
 # split over positions won at 6 and 20 (batch 1: 6.3 us against 7.9 for 1500 positions, 20
 # heads). The crossover between was not measured.
 LIBRARY_FROM = 1024
+# positions per loop iteration of the grouped kernel: its keys and values go through products,
+# tiles of (positions, D) each (not measured yet; flash-decoding's size)
+GROUP_BLOCK_N = 64
 
 
 def decode_attention(
@@ -80,17 +84,22 @@ def triton_decode_attention(
     num_warps: int = 4,
     num_stages: int | None = None,
 ) -> Tensor:
-    from engine.kernels._attention import combine_kernel, split_kernel
+    from engine.kernels._attention import combine_kernel, group_kernel, split_kernel
 
     b, kv_heads, n_keys, d = k.shape
     h = q.shape[1]
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("the last dimension of q, k and v must be contiguous")
-    splits = n_splits(b, h, n_keys, target_programs, min_chunk)
+    group = h // kv_heads
+    # grouped heads: one program a key head (its queries a product), else one a query head
+    programs = kv_heads if group > 1 else h
+    splits = n_splits(b, programs, n_keys, target_programs, min_chunk)
+    if group > 1:
+        block_n = min(block_n, GROUP_BLOCK_N)
     chunk = ceil_div(ceil_div(n_keys, splits), block_n) * block_n
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
     partial = torch.empty(b, h, splits, d + 2, device=q.device, dtype=torch.float32)
-    split_kernel[(b * h, splits)](
+    args = (
         q,
         k,
         v,
@@ -100,11 +109,10 @@ def triton_decode_attention(
         *q.stride()[:2],
         *k.stride()[:3],
         *v.stride()[:3],
-        h,
-        n_keys,
-        1.0 / math.sqrt(d),
+    )
+    settings = dict(
         HAS_LENGTHS=lengths is not None,
-        GROUP=h // kv_heads,
+        GROUP=group,
         SPLITS=splits,
         CHUNK=chunk,
         D=d,
@@ -112,6 +120,15 @@ def triton_decode_attention(
         num_warps=num_warps,
         **({"num_stages": num_stages} if num_stages else {}),
     )
+    scale = 1.0 / math.sqrt(d)
+    if group > 1:
+        rows = max(16, 1 << (group - 1).bit_length())
+        half, precision = q.dtype == torch.float16, "ieee" if q.dtype == torch.float32 else "tf32"
+        group_kernel[(b * kv_heads, splits)](
+            *args, kv_heads, n_keys, scale, ROWS=rows, HALF=half, PRECISION=precision, **settings
+        )
+    else:
+        split_kernel[(b * h, splits)](*args, h, n_keys, scale, **settings)
     if splits > 1:
         p2 = 1 << (splits - 1).bit_length()
         combine_kernel[(b * h,)](partial, out, SPLITS=splits, SPLITS_P2=p2, D=d, num_warps=1)

@@ -82,6 +82,9 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         (2, 3, 1500, torch.float8_e4m3fn, False, 3),  # fp8 cache, fp16 query
         (3, 4, 600, torch.float16, True, 2),  # grouped query heads (Qwen3): two a key head
         (2, 6, 700, torch.float32, True, 3),
+        (1, 8, 300, torch.bfloat16, True, 2),  # four a key head
+        (2, 4, 700, torch.float8_e4m3fn, True, 2),
+        (128, 16, 100, torch.float16, True, 8),  # one program a key head, no split
     ],
 )
 def test_decode_attention_matches_float64_reference(batch, heads, keys, dtype, lengths, kv_heads):
@@ -103,16 +106,17 @@ def test_decode_attention_matches_float64_reference(batch, heads, keys, dtype, l
     assert relative_error(out, ref) < (2e-3 if q_dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1])  # one a query head; one for both
 @pytest.mark.parametrize("lengths", [[1, 5], [1, 448], [129, 300]])
-def test_self_attention_reads_each_rows_length_whatever_the_positions_allowed(lengths):
+def test_self_attention_reads_each_rows_length_whatever_the_positions_allowed(lengths, kv_heads):
     """A decode step's graph allows every position of the context (448); rows read only their
     own: splits wholly past a row's length read nothing and weigh nothing in the merge, and
     positions past it may hold anything (here NaN)."""
     g = torch.Generator().manual_seed(sum(lengths))
     batch, heads, keys = len(lengths), 2, 448
     q = torch.randn(batch, heads, 64, generator=g).to(DEVICE, torch.float16)
-    k = torch.randn(batch, heads, keys, 64, generator=g).to(DEVICE, torch.float16)
-    v = torch.randn(batch, heads, keys, 64, generator=g).to(DEVICE, torch.float16)
+    k = torch.randn(batch, kv_heads, keys, 64, generator=g).to(DEVICE, torch.float16)
+    v = torch.randn(batch, kv_heads, keys, 64, generator=g).to(DEVICE, torch.float16)
     n = torch.tensor(lengths, device=DEVICE)
     ref = torch_decode_attention(q.double(), k.double(), v.double(), n)
     past = torch.arange(keys, device=DEVICE)[None, None, :, None] >= n[:, None, None, None]
