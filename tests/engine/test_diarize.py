@@ -263,7 +263,7 @@ def test_on_a_gpu_half_precision_embeds_as_fp32(conversation):
     conversation's diarization as good as on the CPU."""
     regions = regions_of(conversation.samples)
     spans = diarize.windows(regions, conversation.duration)
-    cuts = torch.stack(list(diarize.cuts([conversation.samples], spans, "cuda")))
+    cuts = torch.cat(list(diarize.cuts([conversation.samples], spans, "cuda")))
     model = speakers.load("cuda", triton=True)
     with torch.inference_mode():
         feats = speakers.fbank(cuts, model.banks, model.window)
