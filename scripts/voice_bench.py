@@ -25,13 +25,19 @@ of it go through the stream at once, as a worker's jobs would. Rows:
   clustered); each as a share of the transcription with vad off;
 - first passes, with Silero and without: `Stream.prepare` of every copy on PREPARE_THREADS
   threads, as `transcribe` runs it before any window is decoded (log-mel and voice activity;
-  without, the stand-in).
+  without, the stand-in);
+- as a worker: vad off, with and without Silero, word timestamps and diarize, each copy
+  prepared on one of PREPARE_THREADS threads and handed to the worker's batcher
+  (`worker.core.batching.Batcher`) as soon as its first pass is done, as a worker's jobs
+  arrive: the first passes run beside the decoding of the inputs before them, where
+  `transcribe` waits for them all.
 
 Then what they add to the transcription, in the stream, as a share of the one without Silero:
 Silero's, the transcription with vad off less the one without Silero (every long input's first
 pass runs it, whatever its options: `vad` decides only what is done with the speech); the
 speakers', the diarized transcription less the one with word timestamps alone (diarize times
-the words, and those are the option's, not the speakers').
+the words, and those are the option's, not the speakers'); and the same for the rows as a
+worker.
 """
 
 from __future__ import annotations
@@ -62,9 +68,11 @@ from scripts.measure import spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import concatenation, leveled, room_tone  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402
+from worker.core.batching import Batcher  # noqa: E402
 
 WORDS = "word timestamps (vad on)"
 DIARIZED = "with diarize"
+AS_WORKER = "as a worker: "
 
 
 def recording(audio_dir: Path) -> tuple[np.ndarray, str]:
@@ -133,6 +141,26 @@ def main() -> int:
         out[name]["windows"] = windows
         print(f"  {name}: WER {wer:.1%}, {windows} windows a run", file=sys.stderr)
 
+    # as a worker's jobs meet the stream: each input handed over once its own first pass is
+    # done, decoded beside the others' first passes (`transcribe` waits for them all)
+    while stream.warm_next():  # what the batcher would capture while idle, not in a timed run
+        pass
+    batcher = Batcher(stream, stream.engine.encoder_batch, 0.01)
+    for name, options, hears in (
+        ("vad off", TranscriptionOptions(vad=False), True),
+        ("without Silero (vad off)", TranscriptionOptions(vad=False), False),
+        (WORDS, TranscriptionOptions(vad=True, word_timestamps=True), True),
+        (DIARIZED, TranscriptionOptions(diarize=SpeakerCount()), True),
+    ):
+        with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
+            run = synced(lambda o=options: _as_worker(stream, batcher, items, o))
+            run()
+            results, times = timed(run, args.runs)
+        wer = word_error_rate([reference], [results[0].text])
+        rows[AS_WORKER + name] = times
+        out[AS_WORKER + name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
+    batcher.close()
+
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         _, vad_times = timed(synced(lambda: list(pool.map(_own_vad(device), items))), args.runs)
     _, serial_times = timed(synced(lambda: [_vad(x, device) for x in items]), args.runs)
@@ -170,12 +198,33 @@ def main() -> int:
         f"speakers (diarize over word timestamps) {speakers:.3f} s ({speakers / base:.1%}); "
         f"together {(silero + speakers) / base:.1%}"
     )
+    worker = {k: statistics.median(rows[AS_WORKER + k]) for k in ("vad off", WORDS, DIARIZED)}
+    plain = statistics.median(rows[AS_WORKER + "without Silero (vad off)"])
+    silero, speakers = worker["vad off"] - plain, worker[DIARIZED] - worker[WORDS]
+    print(
+        f"as a worker: Silero {silero:.3f} s ({silero / plain:.1%}), the speakers "
+        f"{speakers:.3f} s ({speakers / plain:.1%}); together {(silero + speakers) / plain:.1%}"
+    )
     if args.json:
         out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
         out.update(prepare_heard=heard, prepare_unheard=unheard)
         out.update(audio_s=audio, speech=speech)
         args.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _as_worker(
+    stream, batcher: Batcher, items: list[np.ndarray], options: TranscriptionOptions
+) -> list:
+    """The inputs as a worker's job threads hand them over: each prepared on one of
+    PREPARE_THREADS threads, then submitted to the batcher, whose thread steps the stream."""
+
+    def job(samples: np.ndarray):
+        return batcher.submit(stream.prepare(samples), options, urgent=False).future
+
+    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
+        futures = list(pool.map(job, items))
+    return [f.result() for f in futures]
 
 
 class _Deaf:
