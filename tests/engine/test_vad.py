@@ -55,9 +55,10 @@ def test_fed_in_blocks_of_any_size_equals_fed_whole(clips):
 def test_on_a_gpu_blocks_sent_there_give_the_cpus_probabilities(clips, monkeypatch):
     """A first pass sends each 131 s block to the device once, for its log-mel and for Silero
     (`engine.inputs`): fed those device tensors, the detector gives the probabilities of the
-    CPU fed arrays, over minutes of speech and silence. cuDNN's LSTM multiplies in TF32 by
-    default, which moved them by up to 7e-3 on an H100 (2026-12-07): in fp32 they must agree
-    to 1e-3, and as they run, in TF32, the same regions must come of them."""
+    CPU fed arrays, over minutes of speech and silence. As they run they were up to 7e-3 off
+    on an H100 (2026-12-07), most likely cuDNN multiplying in TF32 (torch's default for its
+    LSTM and convolutions): with TF32 off they must agree to 1e-3, and with it on the same
+    regions must come of them."""
     names = ("en_jfk", "en_librispeech_1272-128104-0000", "en_ljspeech_LJ050-0131")
     speech = [decode_audio(clips[n].bytes) for n in names]
     samples = np.concatenate([*speech, np.zeros(16000 * 40, np.float32)] * 4)  # 4.3 minutes
