@@ -70,6 +70,8 @@ from tools.longform import concatenation, leveled, room_tone  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402
 from worker.core.batching import Batcher  # noqa: E402
 
+VAD_OFF = "transcription, vad off"
+DEAF = "transcription without Silero (vad off)"
 WORDS = "word timestamps (vad on)"
 DIARIZED = "with diarize"
 AS_WORKER = "as a worker: "
@@ -120,15 +122,16 @@ def main() -> int:
         f"median (range) of {args.runs} runs\n"
     )
     rows, out = {}, {}
-    for name, options, hears in (
-        ("transcription, vad off", TranscriptionOptions(vad=False), True),
-        ("transcription without Silero (vad off)", TranscriptionOptions(vad=False), False),
+    runs = (
+        (VAD_OFF, TranscriptionOptions(vad=False), True),
+        (DEAF, TranscriptionOptions(vad=False), False),
         ("transcription, vad on", TranscriptionOptions(vad=True), True),
         (WORDS, TranscriptionOptions(vad=True, word_timestamps=True), True),
         (DIARIZED, TranscriptionOptions(diarize=SpeakerCount()), True),
         ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False), True),
         ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True), True),
-    ):
+    )
+    for name, options, hears in runs:
         with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
             synced(lambda o=options: stream.transcribe(items[:1], o))()  # its first-time costs
             before = stream.stats
@@ -146,12 +149,7 @@ def main() -> int:
     while stream.warm_next():  # what the batcher would capture while idle, not in a timed run
         pass
     batcher = Batcher(stream, stream.engine.encoder_batch, 0.01)
-    for name, options, hears in (
-        ("vad off", TranscriptionOptions(vad=False), True),
-        ("without Silero (vad off)", TranscriptionOptions(vad=False), False),
-        (WORDS, TranscriptionOptions(vad=True, word_timestamps=True), True),
-        (DIARIZED, TranscriptionOptions(diarize=SpeakerCount()), True),
-    ):
+    for name, options, hears in (r for r in runs if r[0] in (VAD_OFF, DEAF, WORDS, DIARIZED)):
         with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
             run = synced(lambda o=options: _as_worker(stream, batcher, items, o))
             run()
@@ -178,7 +176,7 @@ def main() -> int:
     rows["diarization alone (from the speech)"] = diarize_times
     rows["first passes (`prepare`), with Silero"] = heard
     rows["first passes (`prepare`), without"] = unheard
-    base = statistics.median(rows["transcription without Silero (vad off)"])
+    base = statistics.median(rows[DEAF])
 
     print(
         "| run | seconds | audio s per second | share of the transcription without Silero | WER |"
@@ -191,20 +189,15 @@ def main() -> int:
         print(f"| {name} | {spread(times)} | {rtfx} | {share} | {wer} |")
     together = (statistics.median(vad_times) + statistics.median(diarize_times)) / base
     print(f"\nVAD and diarization alone together: {together:.1%} of the transcription's time")
-    silero = statistics.median(rows["transcription, vad off"]) - base
-    speakers = statistics.median(rows[DIARIZED]) - statistics.median(rows[WORDS])
-    print(
-        f"added to the transcription: Silero {silero:.3f} s ({silero / base:.1%}), the "
-        f"speakers (diarize over word timestamps) {speakers:.3f} s ({speakers / base:.1%}); "
-        f"together {(silero + speakers) / base:.1%}"
-    )
-    worker = {k: statistics.median(rows[AS_WORKER + k]) for k in ("vad off", WORDS, DIARIZED)}
-    plain = statistics.median(rows[AS_WORKER + "without Silero (vad off)"])
-    silero, speakers = worker["vad off"] - plain, worker[DIARIZED] - worker[WORDS]
-    print(
-        f"as a worker: Silero {silero:.3f} s ({silero / plain:.1%}), the speakers "
-        f"{speakers:.3f} s ({speakers / plain:.1%}); together {(silero + speakers) / plain:.1%}"
-    )
+    for prefix, said in (("", "in the stream"), (AS_WORKER, "as a worker")):
+        median = {k: statistics.median(rows[prefix + k]) for k in (VAD_OFF, DEAF, WORDS, DIARIZED)}
+        plain = median[DEAF]
+        silero, speakers = median[VAD_OFF] - plain, median[DIARIZED] - median[WORDS]
+        print(
+            f"added to the transcription {said}: Silero {silero:.3f} s ({silero / plain:.1%}), "
+            f"the speakers (diarize over word timestamps) {speakers:.3f} s "
+            f"({speakers / plain:.1%}); together {(silero + speakers) / plain:.1%}"
+        )
     if args.json:
         out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
         out.update(prepare_heard=heard, prepare_unheard=unheard)
