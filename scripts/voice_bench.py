@@ -157,7 +157,7 @@ def main() -> int:
         wer = word_error_rate([reference], [results[0].text])
         rows[AS_WORKER + name] = times
         out[AS_WORKER + name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
-    batcher.close()
+    batcher.close(wait=True)
 
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         _, vad_times = timed(synced(lambda: list(pool.map(_own_vad(device), items))), args.runs)

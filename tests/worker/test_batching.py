@@ -47,6 +47,19 @@ def test_a_lone_input_starts_after_the_short_wait(clips, encoded):
     assert "ask not" in result.text.lower() and encoded == [1]
 
 
+def test_closed_and_waited_for_the_batcher_ends_after_its_inputs(clips):
+    def batchers() -> int:  # the other tests' batchers idle on
+        return sum(t.name == "batcher" for t in threading.enumerate())
+
+    stream, before = open_stream("tiny.en", slots=8), batchers()
+    batcher = Batcher(stream, batch_size=1, max_wait_s=0.0)
+    ticket = batcher.submit(stream.prepare(clips["en_jfk"].bytes), TranscriptionOptions(), False)
+    assert batchers() == before + 1
+    batcher.close(wait=True)
+    assert "ask not" in ticket.future.result(timeout=0).text.lower()
+    assert not stream.busy and batchers() == before
+
+
 def test_an_engine_error_fails_the_inputs_in_flight_and_the_next_ones_run(clips, monkeypatch):
     """Any engine error but a GPU fault: the inputs in flight fail (to be retried), the stream
     starts again empty, the batcher goes on."""

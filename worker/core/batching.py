@@ -101,9 +101,13 @@ class Batcher:
         inbox, so that an idle batcher wakes, and a ticket is never cancelled before it arrived."""
         self._inbox.put(_Cancel(ticket))
 
-    def close(self) -> None:
-        """End the thread once the inputs it holds are done (the model is being dropped)."""
+    def close(self, wait: bool = False) -> None:
+        """End the thread once the inputs it holds are done (the model is being dropped); wait:
+        until it has (a process about to exit, whose daemon thread would otherwise be cut off
+        inside torch)."""
         self._closing = True
+        if wait:
+            self._thread.join()
 
     def _take(self, busy: bool) -> None:
         """Move arrivals to `_pending` (and cancellations to `_cancelled`); wait for one only
