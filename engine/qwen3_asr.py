@@ -188,8 +188,8 @@ class DecoderLayer(nn.Module):
         self, x: Tensor, cos: Tensor, sin: Tensor, triton: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x: (..., d) -> q (..., heads, hd), k and v (..., kv_heads, hd), q and k rotated.
-        triton (a decode step's rows, x: (rows, d), after `fuse`): one product, and each of
-        the norms and rotations a kernel."""
+        triton (x: (rows, d), after `fuse`): one product, and each of the norms and rotations
+        a kernel."""
         a = self.self_attn
         if triton and x.is_cuda:
             eps = self.input_layernorm.eps
@@ -344,20 +344,24 @@ class SlotDecoder:
         for w in windows:
             w.slot = heapq.heappop(self._free)
         slots = torch.tensor([w.slot for w in windows], device=device)
+        # the rows of every prompt one after another: the fused kernels take rows
+        n, x = len(windows), x.flatten(0, 1)
         positions = torch.arange(width, device=device)
-        cos, sin = lm.rope(positions, x.dtype)
-        causal = positions[None, :] <= positions[:, None]
-        mask = (causal & (positions < lengths[:, None, None]))[:, None]  # (n, 1, q, k)
+        cos, sin = lm.rope(positions.repeat(n), x.dtype)
         for i, layer in enumerate(lm.layers):
-            q, k, v = layer.qkv(x, cos, sin)
+            q, k, v = (t.unflatten(0, (n, width)) for t in layer.qkv(x, cos, sin, self.triton))
             self.keys[i, slots, :, :width] = k.transpose(1, 2)
             self.values[i, slots, :, :width] = v.transpose(1, 2)
+            # causal alone, no mask: the prompts are padded on the right, so a prompt's own
+            # positions never see the padding, and what the padding's positions compute is
+            # never read (a row's answer starts at its own length); without a mask SDPA can
+            # take its flash kernel
             h = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                 enable_gqa=True,
             )  # fmt: skip
-            x = layer.rest(x, h.transpose(1, 2))
-        last = x[torch.arange(len(windows), device=device), lengths - 1]
+            x = layer.rest(x, h.transpose(1, 2).flatten(0, 1), self.triton)
+        last = x.view(n, width, -1)[torch.arange(n, device=device), lengths - 1]
         self.live += windows
         quiet = torch.tensor([w.least > 0 for w in windows], device=device)
         first = m.next_tokens(last, self._stops, quiet).tolist()
