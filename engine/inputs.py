@@ -183,7 +183,9 @@ def own_stream(device: torch.device | str) -> Iterator[None]:
     if device.type != "cuda":
         yield
         return
-    stream = torch.cuda.Stream(device)  # one of torch's pool of streams, reused in turn
+    # one of torch's pool of streams, reused in turn: never one a graph is captured on
+    # (engine.graphs takes those from the high-priority pool)
+    stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         yield

@@ -317,7 +317,6 @@ class SlotDecoder:
         self.graphs, self.triton = graphs, triton
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._pool: tuple | None = None
-        self._stream = torch.cuda.Stream(p.device) if graphs else None
 
     @property
     def free(self) -> int:
@@ -420,7 +419,7 @@ class SlotDecoder:
         graph = self._graphs.get((rows, seen, steps))
         if graph is None:
             run = partial(self._decode, rows, seen, steps)
-            graph = self._graphs[rows, seen, steps] = capture(run, self._pool, self._stream)
+            graph = self._graphs[rows, seen, steps] = capture(run, self._pool)
             self._pool = graph.pool()
         return graph
 

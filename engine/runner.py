@@ -120,7 +120,6 @@ class Runner:
         self.admit_at = torch.zeros(2, dtype=torch.long, device=device)
         self._prompt_buckets = tuple(w for w in PROMPT_BUCKETS if w < self.max_prompt)
         self._pool = None
-        self._capture_stream: torch.cuda.Stream | None = None
         self._step_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # the forward, by shape
         self._commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by rows
         self._encoder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -170,9 +169,7 @@ class Runner:
         capturing mid-stream changes no sequence."""
         state = self.slots.state.tensors()
         saved = [t.clone() for t in state]
-        if self._capture_stream is None:
-            self._capture_stream = torch.cuda.Stream()
-        graph = capture(fn, self._pool, self._capture_stream)
+        graph = capture(fn, self._pool)
         self._pool = graph.pool()
         for t, s in zip(state, saved, strict=True):
             t.copy_(s)
