@@ -216,6 +216,7 @@ class Runner:
         self._later = [(size, width) for width in wider for size in sizes]
         shapes = self.step_shapes()
         total, done = 2 * len(sizes) + len(shapes), 0
+        self._unstage()
         for size in sizes:
             self._encoder_graph(size)
             self._prefill_graph(size, first)
@@ -238,9 +239,17 @@ class Runner:
         while self._later:
             key = self._later.pop(0)
             if key not in self._prefill_graphs:  # unless its first use came first
+                self._unstage()
                 self._prefill_graph(*key)
                 return True
         return False
+
+    def _unstage(self) -> None:
+        """Stage no window, before a capture's warm-up runs a prefill for real: it then writes
+        the spare slot alone, and reads no prompt staged earlier, whose length may pass the
+        width being captured."""
+        self.admit_at.zero_()
+        self.admit_fields.zero_()
 
     def _step_graph(self, key: tuple[int, int, bool]) -> None:
         if key not in self._step_graphs:
@@ -357,6 +366,9 @@ class Runner:
         )
         n = len(sequences)
         self.admit_fields[:n].copy_(host, non_blocking=True)
+        # a padded pass reads the rows past these too: left as an earlier, wider admission
+        # staged them, their lengths would index past this one's prompt width
+        self.admit_fields[n:].zero_()
         temperature = self._pinned([s.task.temperature for s in sequences])
         self.admit_temperature[:n].copy_(temperature, non_blocking=True)
         return width, list(map(len, prompts))
