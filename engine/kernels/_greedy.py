@@ -47,6 +47,63 @@ def _ruled(
 
 
 @triton.jit
+def _row_rules(
+    row,
+    n_sampled_ptr,
+    last_ptr,
+    penultimate_ptr,
+    last_timestamp_ptr,
+    timestamps_ptr,
+    min_tokens_ptr,
+    begin,
+):
+    """What the rules need of a row's history, from the decode state."""
+    n = tl.load(n_sampled_ptr + row)
+    first = n == 0
+    early = n < tl.load(min_tokens_ptr + row)
+    ts_row = tl.load(timestamps_ptr + row) != 0
+    last = tl.load(last_ptr + row)
+    last_ts = (n >= 1) & (last >= begin)
+    penultimate_ts = (n < 2) | (tl.load(penultimate_ptr + row) >= begin)
+    after_pair = ts_row & last_ts & penultimate_ts
+    after_lone = ts_row & last_ts & (penultimate_ts == 0)
+    last_timestamp = tl.load(last_timestamp_ptr + row)
+    seen = ts_row & (last_timestamp >= 0)
+    floor = tl.where(after_lone, last_timestamp, last_timestamp + 1)
+    return first, early, ts_row, after_pair, after_lone, seen, floor
+
+
+@triton.jit
+def _merged(best, index, total, other_best, other_index, other_total):
+    """Two (max, index of its first occurrence, sum of exp(x - max)), the first over entries
+    before the second's: as one. Every path merges the blocks' own in vocabulary order, one
+    after another, so a row's numbers are the same bits however its blocks were shared out."""
+    new_max = tl.maximum(best, other_best)
+    shift = tl.where(new_max == -float("inf"), 0.0, new_max)
+    total = total * tl.exp(best - shift) + other_total * tl.exp(other_best - shift)
+    index = tl.where(other_best > best, other_index, index)
+    return new_max, index, total
+
+
+@triton.jit
+def _block_choice(x, v0):
+    """A block's (max, its first index in the vocabulary, sum of exp(x - max))."""
+    block_max, block_index = tl.max(x, 0, return_indices=True)  # first of equals
+    shift = tl.where(block_max == -float("inf"), 0.0, block_max)
+    return block_max, v0 + block_index, tl.sum(tl.exp(x - shift), 0)
+
+
+@triton.jit
+def _block_mass(x, v, begin):
+    """A block's best text logit, and its timestamps' (max, sum of exp(x - max))."""
+    text_max = tl.max(tl.where(v < begin, x, -float("inf")), 0)
+    ts = tl.where(v >= begin, x, -float("inf"))
+    ts_max = tl.max(ts, 0)
+    shift = tl.where(ts_max == -float("inf"), 0.0, ts_max)
+    return text_max, ts_max, tl.sum(tl.exp(ts - shift), 0)
+
+
+@triton.jit
 def greedy_kernel(
     logits_ptr,
     stride_row,
@@ -63,6 +120,8 @@ def greedy_kernel(
     filtered_ptr,
     stride_filtered,
     sampling_ptr,
+    mass_ptr,
+    part_ptr,
     eot,
     no_timestamps,
     begin,
@@ -72,21 +131,24 @@ def greedy_kernel(
     TIMESTAMPS: tl.constexpr,
     KEEP: tl.constexpr,
     BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
+    """Program (row, split): the greedy choice over the split's share of the row's blocks.
+    One split: the timestamp rule's pass and the choice here, the token and its
+    log-probability written. Several: the timestamp rule's numbers of every block come from
+    `mass_ptr` (`timestamp_mass_kernel`), and each block's choice goes to `part_ptr`
+    (`choice_kernel` merges them)."""
     row = tl.program_id(0)
+    split = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_row
-    n = tl.load(n_sampled_ptr + row)
-    first = n == 0
-    early = n < tl.load(min_tokens_ptr + row)
-    ts_row = tl.load(timestamps_ptr + row) != 0
-    last = tl.load(last_ptr + row)
-    last_ts = (n >= 1) & (last >= begin)
-    penultimate_ts = (n < 2) | (tl.load(penultimate_ptr + row) >= begin)
-    after_pair = ts_row & last_ts & penultimate_ts
-    after_lone = ts_row & last_ts & (penultimate_ts == 0)
-    last_timestamp = tl.load(last_timestamp_ptr + row)
-    seen = ts_row & (last_timestamp >= 0)
-    floor = tl.where(after_lone, last_timestamp, last_timestamp + 1)
+    first, early, ts_row, after_pair, after_lone, seen, floor = _row_rules(
+        row, n_sampled_ptr, last_ptr, penultimate_ptr, last_timestamp_ptr, timestamps_ptr,
+        min_tokens_ptr, begin,
+    )  # fmt: skip
+    n_blocks = tl.cdiv(N_VOCAB, BLOCK)
+    share = tl.cdiv(n_blocks, SPLITS)
+    lo = split * share
+    hi = tl.minimum(lo + share, n_blocks)
 
     force = ts_row & False
     # pass 1, for a row that predicts timestamps: are they together likelier than any text
@@ -96,19 +158,20 @@ def greedy_kernel(
             text_max = -float("inf")
             ts_max = -float("inf")
             ts_sum = 0.0
-            for i in range(0, tl.cdiv(N_VOCAB, BLOCK)):
-                v = i * BLOCK + tl.arange(0, BLOCK)
-                x = _ruled(
-                    row_ptr, v, suppress_ptr, blank_ptr, first, early, ts_row, after_pair,
-                    after_lone, seen, floor, force, eot, no_timestamps, begin, last_initial,
-                    N_VOCAB, HAS_BLANK, TIMESTAMPS,
-                )  # fmt: skip
-                text_max = tl.maximum(text_max, tl.max(tl.where(v < begin, x, -float("inf")), 0))
-                ts = tl.where(v >= begin, x, -float("inf"))
-                new_max = tl.maximum(ts_max, tl.max(ts, 0))
-                shift = tl.where(new_max == -float("inf"), 0.0, new_max)
-                ts_sum = ts_sum * tl.exp(ts_max - shift) + tl.sum(tl.exp(ts - shift), 0)
-                ts_max = new_max
+            for i in range(0, n_blocks):
+                if SPLITS == 1:
+                    v = i * BLOCK + tl.arange(0, BLOCK)
+                    x = _ruled(
+                        row_ptr, v, suppress_ptr, blank_ptr, first, early, ts_row, after_pair,
+                        after_lone, seen, floor, force, eot, no_timestamps, begin,
+                        last_initial, N_VOCAB, HAS_BLANK, TIMESTAMPS,
+                    )  # fmt: skip
+                    b_text, b_max, b_sum = _block_mass(x, v, begin)
+                else:
+                    at = mass_ptr + (row * n_blocks + i) * 3
+                    b_text, b_max, b_sum = tl.load(at), tl.load(at + 1), tl.load(at + 2)
+                text_max = tl.maximum(text_max, b_text)
+                ts_max, _, ts_sum = _merged(ts_max, 0, ts_sum, b_max, 0, b_sum)
             force = ts_row & (ts_max + tl.log(ts_sum) > text_max)
 
     # pass 2: the greedy choice and its log-probability; with KEEP, a row that samples also
@@ -118,7 +181,7 @@ def greedy_kernel(
     best = -float("inf")
     best_index = 0
     total = 0.0
-    for i in range(0, tl.cdiv(N_VOCAB, BLOCK)):
+    for i in range(lo, hi):
         v = i * BLOCK + tl.arange(0, BLOCK)
         x = _ruled(
             row_ptr, v, suppress_ptr, blank_ptr, first, early, ts_row, after_pair,
@@ -127,11 +190,79 @@ def greedy_kernel(
         )  # fmt: skip
         if KEEP:
             tl.store(filtered_ptr + row * stride_filtered + v, x, mask=v < kept)
-        block_max, block_index = tl.max(x, 0, return_indices=True)  # first of equals
-        new_max = tl.maximum(best, block_max)
-        shift = tl.where(new_max == -float("inf"), 0.0, new_max)
-        total = total * tl.exp(best - shift) + tl.sum(tl.exp(x - shift), 0)
-        best_index = tl.where(block_max > best, i * BLOCK + block_index, best_index)
-        best = new_max
+        b_max, b_index, b_sum = _block_choice(x, i * BLOCK)
+        if SPLITS == 1:
+            best, best_index, total = _merged(best, best_index, total, b_max, b_index, b_sum)
+        else:
+            at = part_ptr + (row * n_blocks + i) * 3
+            tl.store(at, b_max)
+            tl.store(at + 1, b_index.to(tl.float32))  # exact: the vocabulary is below 2**24
+            tl.store(at + 2, b_sum)
+    if SPLITS == 1:
+        tl.store(token_ptr + row, best_index.to(tl.int64))
+        tl.store(logprob_ptr + row, -tl.log(total))  # best - logsumexp: total is relative
+
+
+@triton.jit
+def timestamp_mass_kernel(
+    logits_ptr,
+    stride_row,
+    suppress_ptr,
+    blank_ptr,
+    n_sampled_ptr,
+    last_ptr,
+    penultimate_ptr,
+    last_timestamp_ptr,
+    timestamps_ptr,
+    min_tokens_ptr,
+    mass_ptr,
+    eot,
+    no_timestamps,
+    begin,
+    last_initial,
+    N_VOCAB: tl.constexpr,
+    HAS_BLANK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """Program (row, split): the timestamp rule's numbers of each block in the split's share,
+    to `mass_ptr` (a row that predicts no timestamps writes nothing)."""
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    row_ptr = logits_ptr + row * stride_row
+    first, early, ts_row, after_pair, after_lone, seen, floor = _row_rules(
+        row, n_sampled_ptr, last_ptr, penultimate_ptr, last_timestamp_ptr, timestamps_ptr,
+        min_tokens_ptr, begin,
+    )  # fmt: skip
+    if ts_row:
+        n_blocks = tl.cdiv(N_VOCAB, BLOCK)
+        share = tl.cdiv(n_blocks, SPLITS)
+        lo = split * share
+        for i in range(lo, tl.minimum(lo + share, n_blocks)):
+            v = i * BLOCK + tl.arange(0, BLOCK)
+            x = _ruled(
+                row_ptr, v, suppress_ptr, blank_ptr, first, early, ts_row, after_pair,
+                after_lone, seen, floor, ts_row & False, eot, no_timestamps, begin,
+                last_initial, N_VOCAB, HAS_BLANK, True,
+            )  # fmt: skip
+            b_text, b_max, b_sum = _block_mass(x, v, begin)
+            at = mass_ptr + (row * n_blocks + i) * 3
+            tl.store(at, b_text)
+            tl.store(at + 1, b_max)
+            tl.store(at + 2, b_sum)
+
+
+@triton.jit
+def choice_kernel(part_ptr, token_ptr, logprob_ptr, N_BLOCKS: tl.constexpr):
+    """Program row: its blocks' choices merged in vocabulary order."""
+    row = tl.program_id(0)
+    best = -float("inf")
+    best_index = 0.0
+    total = 0.0
+    for i in range(0, N_BLOCKS):
+        at = part_ptr + (row * N_BLOCKS + i) * 3
+        best, best_index, total = _merged(
+            best, best_index, total, tl.load(at), tl.load(at + 1), tl.load(at + 2)
+        )
     tl.store(token_ptr + row, best_index.to(tl.int64))
-    tl.store(logprob_ptr + row, -tl.log(total))  # best - logsumexp: total is relative to best
+    tl.store(logprob_ptr + row, -tl.log(total))

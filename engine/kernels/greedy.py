@@ -7,6 +7,15 @@ logits once (twice when the row predicts timestamps: the timestamp rule weighs t
 result first), applies the same rules in registers, and writes only the chosen token and its
 log-probability; given a buffer, it also writes the filtered logits of the rows that sample
 (they draw from them), so one kernel, and one CUDA graph, serves steps with and without them.
+
+One program a row leaves a few rows' step to as many SMs: at batch 1 a program scanned tiny's
+51,865 logits in 50.9 us, a sixth of its decode step (H100 profile, 2026-12-07). So a few
+rows' vocabularies are shared out over programs (`TARGET_PROGRAMS`): each writes its blocks'
+partial results, and a second kernel (a third for the timestamp rule's numbers, which the
+choice needs first) merges them in vocabulary order, as the one-program path merges its
+blocks: a row's token and kept logits do not depend on the path, nor its log-probability but
+for how the compiler fuses the merge's multiply-adds. Not yet timed on a GPU (compiled for
+sm_90 and run in Triton's interpreter only).
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ from engine.decoding import (
     SuppressEarlyEnd,
     SuppressTokens,
 )
+from engine.kernels import ceil_div
 
 BLOCK = 2048  # vocabulary entries per loop iteration
+TARGET_PROGRAMS = 128  # share a few rows' vocabularies out until about this many programs run
 
 
 class GreedyRules:
@@ -101,7 +112,7 @@ class GreedyRules:
         timestamps: bool,
         keep: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        from engine.kernels._greedy import greedy_kernel
+        from engine.kernels._greedy import choice_kernel, greedy_kernel, timestamp_mass_kernel
 
         if logits.stride(-1) != 1 or (keep is not None and keep[0].stride(-1) != 1):
             raise ValueError("each row of logits must be contiguous")
@@ -114,9 +125,14 @@ class GreedyRules:
         last_initial = self.n_vocab
         if ts is not None and ts.max_initial_index is not None:
             last_initial = ts.begin + ts.max_initial_index
-        greedy_kernel[(b,)](
-            logits,
-            logits.stride(0),
+        n_blocks = ceil_div(self.n_vocab, BLOCK)
+        splits = min(n_blocks, max(1, TARGET_PROGRAMS // b))
+        # each block's partial results, where the vocabulary is shared out
+        mass = part = token
+        if splits > 1:
+            part = torch.empty(b, n_blocks, 3, dtype=torch.float32, device=logits.device)
+            mass = torch.empty_like(part) if timestamps else part
+        rules = (
             self.suppress,
             self.blank if self.blank is not None else self.suppress,
             state.n_sampled,
@@ -125,20 +141,20 @@ class GreedyRules:
             state.last_timestamp,
             state.timestamps,
             state.min_tokens,
-            token,
-            logprob,
-            filtered,
-            filtered.stride(0),
-            sampling,
-            self.eot,
-            ts.no_timestamps if ts else -1,
-            ts.begin if ts else self.n_vocab,
-            last_initial,
-            N_VOCAB=self.n_vocab,
-            HAS_BLANK=self.blank is not None,
-            TIMESTAMPS=timestamps,
-            KEEP=keep is not None,
-            BLOCK=BLOCK,
-            num_warps=8,
         )
+        ids = (self.eot, ts.no_timestamps if ts else -1, ts.begin if ts else self.n_vocab)
+        if splits > 1 and timestamps:
+            timestamp_mass_kernel[(b, splits)](
+                logits, logits.stride(0), *rules, mass, *ids, last_initial,
+                N_VOCAB=self.n_vocab, HAS_BLANK=self.blank is not None, BLOCK=BLOCK,
+                SPLITS=splits, num_warps=8,
+            )  # fmt: skip
+        greedy_kernel[(b, splits)](
+            logits, logits.stride(0), *rules, token, logprob, filtered, filtered.stride(0),
+            sampling, mass, part, *ids, last_initial,
+            N_VOCAB=self.n_vocab, HAS_BLANK=self.blank is not None, TIMESTAMPS=timestamps,
+            KEEP=keep is not None, BLOCK=BLOCK, SPLITS=splits, num_warps=8,
+        )  # fmt: skip
+        if splits > 1:
+            choice_kernel[(b,)](part, token, logprob, N_BLOCKS=n_blocks)
         return token, logprob

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from engine.decoding import DecodeState, build_filters, suppressed_tokens  # noqa: E402
-from engine.kernels import ceil_div  # noqa: E402
+from engine.kernels import ceil_div, greedy  # noqa: E402
 from engine.kernels.attention import (  # noqa: E402
     torch_decode_attention,
     triton_decode_attention,
@@ -443,6 +443,42 @@ def test_the_rows_that_sample_keep_their_filtered_logits_and_the_others_write_no
     torch.testing.assert_close(logprob, ref_logprob, rtol=1e-5, atol=1e-4)
     assert torch.equal(filtered[sampling], rules.apply(logits, state, True)[sampling])
     assert filtered[~sampling].isnan().all()
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_a_rows_choice_is_the_same_however_its_vocabulary_is_shared_out(
+    rules, timestamps, monkeypatch
+):
+    """A few rows' vocabularies are shared out over programs (26 a row here, at batch 3),
+    many rows' are not: a row's token and kept logits must not depend on which, nor its
+    log-probability (the same bits in Triton's interpreter; on a GPU the compiler may fuse
+    the merge's multiply-adds differently)."""
+    rules, tok = rules
+    g = torch.Generator().manual_seed(17 + timestamps)
+    rows = 3
+    logits = torch.randn(rows, rules.n_vocab, generator=g) * 3
+    logits[:2, tok.timestamp_begin :] += 4.0
+    logits = logits.to(torch.float16).to(DEVICE)
+    state = random_state(tok, rows, g)
+    state.timestamps[:] = torch.tensor([True, True, False])
+    temperature = torch.tensor([0.0, 0.7, 0.7], device=DEVICE)
+
+    def select(target):
+        monkeypatch.setattr(greedy, "TARGET_PROGRAMS", target)
+        filtered = torch.full((rows, rules.n_vocab), float("nan"), device=DEVICE)
+        token, logprob = rules.triton_select(logits, state, timestamps, (filtered, temperature))
+        return token, logprob, filtered
+
+    shared, alone = select(greedy.TARGET_PROGRAMS), select(1)  # 26 programs a row, and one
+    assert torch.equal(shared[0], alone[0])
+    assert torch.equal(shared[2].nan_to_num(), alone[2].nan_to_num())
+    if DEVICE.type == "cpu":
+        assert torch.equal(shared[1], alone[1])
+    else:
+        torch.testing.assert_close(shared[1], alone[1], rtol=1e-6, atol=0)
+    ref_token, ref_logprob = rules.torch_select(logits, state, timestamps)
+    assert torch.equal(shared[0], ref_token)
+    torch.testing.assert_close(shared[1], ref_logprob, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
