@@ -47,37 +47,11 @@ def _ruled(
 
 
 @triton.jit
-def _row_rules(
-    row,
-    n_sampled_ptr,
-    last_ptr,
-    penultimate_ptr,
-    last_timestamp_ptr,
-    timestamps_ptr,
-    min_tokens_ptr,
-    begin,
-):
-    """What the rules need of a row's history, from the decode state."""
-    n = tl.load(n_sampled_ptr + row)
-    first = n == 0
-    early = n < tl.load(min_tokens_ptr + row)
-    ts_row = tl.load(timestamps_ptr + row) != 0
-    last = tl.load(last_ptr + row)
-    last_ts = (n >= 1) & (last >= begin)
-    penultimate_ts = (n < 2) | (tl.load(penultimate_ptr + row) >= begin)
-    after_pair = ts_row & last_ts & penultimate_ts
-    after_lone = ts_row & last_ts & (penultimate_ts == 0)
-    last_timestamp = tl.load(last_timestamp_ptr + row)
-    seen = ts_row & (last_timestamp >= 0)
-    floor = tl.where(after_lone, last_timestamp, last_timestamp + 1)
-    return first, early, ts_row, after_pair, after_lone, seen, floor
-
-
-@triton.jit
 def _merged(best, index, total, other_best, other_index, other_total):
     """Two (max, index of its first occurrence, sum of exp(x - max)), the first over entries
     before the second's: as one. Every path merges the blocks' own in vocabulary order, one
-    after another, so a row's numbers are the same bits however its blocks were shared out."""
+    after another: the same arithmetic in the same order, however a row's blocks were shared
+    out."""
     new_max = tl.maximum(best, other_best)
     shift = tl.where(new_max == -float("inf"), 0.0, new_max)
     total = total * tl.exp(best - shift) + other_total * tl.exp(other_best - shift)
@@ -132,19 +106,29 @@ def greedy_kernel(
     KEEP: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLITS: tl.constexpr,
+    MASS: tl.constexpr,
 ):
     """Program (row, split): the greedy choice over the split's share of the row's blocks.
     One split: the timestamp rule's pass and the choice here, the token and its
-    log-probability written. Several: the timestamp rule's numbers of every block come from
-    `mass_ptr` (`timestamp_mass_kernel`), and each block's choice goes to `part_ptr`
-    (`choice_kernel` merges them)."""
+    log-probability written. Several: a launch with MASS first writes the timestamp rule's
+    numbers of each block to `mass_ptr` (a row that predicts no timestamps, none); then one
+    without reads them all, and writes each block's choice to `part_ptr` (`choice_kernel`
+    merges them)."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_row
-    first, early, ts_row, after_pair, after_lone, seen, floor = _row_rules(
-        row, n_sampled_ptr, last_ptr, penultimate_ptr, last_timestamp_ptr, timestamps_ptr,
-        min_tokens_ptr, begin,
-    )  # fmt: skip
+    n = tl.load(n_sampled_ptr + row)
+    first = n == 0
+    early = n < tl.load(min_tokens_ptr + row)
+    ts_row = tl.load(timestamps_ptr + row) != 0
+    last = tl.load(last_ptr + row)
+    last_ts = (n >= 1) & (last >= begin)
+    penultimate_ts = (n < 2) | (tl.load(penultimate_ptr + row) >= begin)
+    after_pair = ts_row & last_ts & penultimate_ts
+    after_lone = ts_row & last_ts & (penultimate_ts == 0)
+    last_timestamp = tl.load(last_timestamp_ptr + row)
+    seen = ts_row & (last_timestamp >= 0)
+    floor = tl.where(after_lone, last_timestamp, last_timestamp + 1)
     n_blocks = tl.cdiv(N_VOCAB, BLOCK)
     share = tl.cdiv(n_blocks, SPLITS)
     lo = split * share
@@ -153,7 +137,7 @@ def greedy_kernel(
     force = ts_row & False
     # pass 1, for a row that predicts timestamps: are they together likelier than any text
     # token? (A row that does not skips it, so one kernel serves batches of both.)
-    if TIMESTAMPS:
+    if TIMESTAMPS and not MASS:
         if ts_row:
             text_max = -float("inf")
             ts_max = -float("inf")
@@ -174,8 +158,9 @@ def greedy_kernel(
                 ts_max, _, ts_sum = _merged(ts_max, 0, ts_sum, b_max, 0, b_sum)
             force = ts_row & (ts_max + tl.log(ts_sum) > text_max)
 
-    # pass 2: the greedy choice and its log-probability; with KEEP, a row that samples also
-    # keeps its filtered logits to draw from (the others store nothing)
+    # pass 2: the greedy choice and its log-probability (with MASS, pass 1's numbers of each
+    # block instead); with KEEP, a row that samples also keeps its filtered logits to draw
+    # from (the others store nothing)
     if KEEP:  # how far to store: the vocabulary, or nothing
         kept = tl.where(tl.load(sampling_ptr + row) > 0, N_VOCAB, 0)
     best = -float("inf")
@@ -188,68 +173,27 @@ def greedy_kernel(
             after_lone, seen, floor, force, eot, no_timestamps, begin, last_initial,
             N_VOCAB, HAS_BLANK, TIMESTAMPS,
         )  # fmt: skip
-        if KEEP:
-            tl.store(filtered_ptr + row * stride_filtered + v, x, mask=v < kept)
-        b_max, b_index, b_sum = _block_choice(x, i * BLOCK)
-        if SPLITS == 1:
-            best, best_index, total = _merged(best, best_index, total, b_max, b_index, b_sum)
+        if MASS:
+            if ts_row:
+                b_text, b_max, b_sum = _block_mass(x, v, begin)
+                at = mass_ptr + (row * n_blocks + i) * 3
+                tl.store(at, b_text)
+                tl.store(at + 1, b_max)
+                tl.store(at + 2, b_sum)
         else:
-            at = part_ptr + (row * n_blocks + i) * 3
-            tl.store(at, b_max)
-            tl.store(at + 1, b_index.to(tl.float32))  # exact: the vocabulary is below 2**24
-            tl.store(at + 2, b_sum)
+            if KEEP:
+                tl.store(filtered_ptr + row * stride_filtered + v, x, mask=v < kept)
+            b_max, b_index, b_sum = _block_choice(x, i * BLOCK)
+            if SPLITS == 1:
+                best, best_index, total = _merged(best, best_index, total, b_max, b_index, b_sum)
+            else:
+                at = part_ptr + (row * n_blocks + i) * 3
+                tl.store(at, b_max)
+                tl.store(at + 1, b_index.to(tl.float32))  # exact: the vocabulary is below 2**24
+                tl.store(at + 2, b_sum)
     if SPLITS == 1:
         tl.store(token_ptr + row, best_index.to(tl.int64))
         tl.store(logprob_ptr + row, -tl.log(total))  # best - logsumexp: total is relative
-
-
-@triton.jit
-def timestamp_mass_kernel(
-    logits_ptr,
-    stride_row,
-    suppress_ptr,
-    blank_ptr,
-    n_sampled_ptr,
-    last_ptr,
-    penultimate_ptr,
-    last_timestamp_ptr,
-    timestamps_ptr,
-    min_tokens_ptr,
-    mass_ptr,
-    eot,
-    no_timestamps,
-    begin,
-    last_initial,
-    N_VOCAB: tl.constexpr,
-    HAS_BLANK: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr,
-):
-    """Program (row, split): the timestamp rule's numbers of each block in the split's share,
-    to `mass_ptr` (a row that predicts no timestamps writes nothing)."""
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    row_ptr = logits_ptr + row * stride_row
-    first, early, ts_row, after_pair, after_lone, seen, floor = _row_rules(
-        row, n_sampled_ptr, last_ptr, penultimate_ptr, last_timestamp_ptr, timestamps_ptr,
-        min_tokens_ptr, begin,
-    )  # fmt: skip
-    if ts_row:
-        n_blocks = tl.cdiv(N_VOCAB, BLOCK)
-        share = tl.cdiv(n_blocks, SPLITS)
-        lo = split * share
-        for i in range(lo, tl.minimum(lo + share, n_blocks)):
-            v = i * BLOCK + tl.arange(0, BLOCK)
-            x = _ruled(
-                row_ptr, v, suppress_ptr, blank_ptr, first, early, ts_row, after_pair,
-                after_lone, seen, floor, ts_row & False, eot, no_timestamps, begin,
-                last_initial, N_VOCAB, HAS_BLANK, True,
-            )  # fmt: skip
-            b_text, b_max, b_sum = _block_mass(x, v, begin)
-            at = mass_ptr + (row * n_blocks + i) * 3
-            tl.store(at, b_text)
-            tl.store(at + 1, b_max)
-            tl.store(at + 2, b_sum)
 
 
 @triton.jit

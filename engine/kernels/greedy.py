@@ -11,11 +11,12 @@ log-probability; given a buffer, it also writes the filtered logits of the rows 
 One program a row leaves a few rows' step to as many SMs: at batch 1 a program scanned tiny's
 51,865 logits in 50.9 us, a sixth of its decode step (H100 profile, 2026-12-07). So a few
 rows' vocabularies are shared out over programs (`TARGET_PROGRAMS`): each writes its blocks'
-partial results, and a second kernel (a third for the timestamp rule's numbers, which the
-choice needs first) merges them in vocabulary order, as the one-program path merges its
-blocks: a row's token and kept logits do not depend on the path, nor its log-probability but
-for how the compiler fuses the merge's multiply-adds. Not yet timed on a GPU (compiled for
-sm_90 and run in Triton's interpreter only).
+partial results, and a second kernel merges them in vocabulary order, as the one-program path
+merges its blocks (a launch of the same kernel before them gives the timestamp rule the
+numbers of every block, which the choice needs). A row's token and kept logits do not depend
+on the path, nor its log-probability but for how the compiler fuses the merge's
+multiply-adds. Not yet timed on a GPU (compiled for sm_90 and run in Triton's interpreter
+only).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class GreedyRules:
         timestamps: bool,
         keep: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        from engine.kernels._greedy import choice_kernel, greedy_kernel, timestamp_mass_kernel
+        from engine.kernels._greedy import choice_kernel, greedy_kernel
 
         if logits.stride(-1) != 1 or (keep is not None and keep[0].stride(-1) != 1):
             raise ValueError("each row of logits must be contiguous")
@@ -132,29 +133,21 @@ class GreedyRules:
         if splits > 1:
             part = torch.empty(b, n_blocks, 3, dtype=torch.float32, device=logits.device)
             mass = torch.empty_like(part) if timestamps else part
-        rules = (
-            self.suppress,
+        args = (
+            logits, logits.stride(0), self.suppress,
             self.blank if self.blank is not None else self.suppress,
-            state.n_sampled,
-            state.last,
-            state.penultimate,
-            state.last_timestamp,
-            state.timestamps,
-            state.min_tokens,
-        )
-        ids = (self.eot, ts.no_timestamps if ts else -1, ts.begin if ts else self.n_vocab)
-        if splits > 1 and timestamps:
-            timestamp_mass_kernel[(b, splits)](
-                logits, logits.stride(0), *rules, mass, *ids, last_initial,
-                N_VOCAB=self.n_vocab, HAS_BLANK=self.blank is not None, BLOCK=BLOCK,
-                SPLITS=splits, num_warps=8,
-            )  # fmt: skip
-        greedy_kernel[(b, splits)](
-            logits, logits.stride(0), *rules, token, logprob, filtered, filtered.stride(0),
-            sampling, mass, part, *ids, last_initial,
+            state.n_sampled, state.last, state.penultimate, state.last_timestamp,
+            state.timestamps, state.min_tokens, token, logprob, filtered, filtered.stride(0),
+            sampling, mass, part, self.eot, ts.no_timestamps if ts else -1,
+            ts.begin if ts else self.n_vocab, last_initial,
+        )  # fmt: skip
+        constants = dict(
             N_VOCAB=self.n_vocab, HAS_BLANK=self.blank is not None, TIMESTAMPS=timestamps,
             KEEP=keep is not None, BLOCK=BLOCK, SPLITS=splits, num_warps=8,
         )  # fmt: skip
+        if splits > 1 and timestamps:  # the timestamp rule's numbers, which the choice needs
+            greedy_kernel[(b, splits)](*args, **constants, MASS=True)
+        greedy_kernel[(b, splits)](*args, **constants, MASS=False)
         if splits > 1:
             choice_kernel[(b,)](part, token, logprob, N_BLOCKS=n_blocks)
         return token, logprob
