@@ -7,9 +7,8 @@ as `engine.inputs.own_stream` takes them for first passes and diarization), whic
 out in turn to every thread that asks. A capture on one of those would, sooner or later, share
 its stream with another thread's first pass: that pass's kernels would be recorded into the
 graph instead of running (its log-mel and voice activity never computed), and run again at
-every replay, on memory long since reused (seen on an H100, 2026-12-07: a device-side
-index assert in a prefill graph, and no job's text right while first passes ran beside the
-captures).
+every replay, on memory long since reused (seen on an H100, 2026-12-07: no job's text right,
+0 of 32, while job threads' first passes ran beside the batcher's captures).
 """
 
 from __future__ import annotations

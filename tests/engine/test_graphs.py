@@ -61,10 +61,10 @@ def test_a_padded_admission_reads_nothing_an_earlier_wider_one_staged(tiny_en):
 
 @pytest.mark.requires_cuda
 def test_graphs_captured_while_idle_after_prompted_work_decode_as_eagerly(english_clips):
-    """A worker captures what its warm-up left while idle, after it has served jobs: each
-    capture's warm-up prefill runs for real, and once read the prompts the last admission
-    staged (wider than the width being captured: a device-side assert on an H100,
-    2026-12-07), into the slots it named."""
+    """A worker captures what its warm-up left while idle, after it has served jobs. Each
+    capture's warm-up prefill runs for real, and it once read what the last admission had
+    staged: prompts wider than the width being captured (a device-side assert on an H100,
+    2026-12-07), bound for that admission's slots."""
     config = EngineConfig(model="tiny.en", device="cuda", slots=16)
     eager = Engine.open(replace(config, graphs=False))
     expected = {o: tokens(eager, english_clips, o) for o in (PROMPTED, TranscriptionOptions())}
