@@ -241,6 +241,19 @@ def open_stream(model: str, **config):
     return Engine.open(EngineConfig(model=model, device="cpu", **config))
 
 
+def long_speech(clip: bytes, repeat: int) -> bytes:
+    """A clip's audio `repeat` times over, as FLAC: speech longer than a window."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    audio, rate = sf.read(io.BytesIO(clip), dtype="float32")
+    out = io.BytesIO()
+    sf.write(out, np.concatenate([audio] * repeat), rate, format="FLAC")
+    return out.getvalue()
+
+
 def transcribe(stream, item, options=None, progress=None):
     """One input through an idle stream."""
     return stream.transcribe([item], options, progress)[0]

@@ -9,7 +9,7 @@ from engine import Engine, EngineConfig, OptionsError, TranscriptionOptions
 from engine.audio import decode_audio
 from engine.qwen3_asr import CONTEXT, MAX_PROMPT_TOKENS, Qwen3ASREngine, audio_tokens
 from engine.windows import WindowStream
-from tests.faults.fleet import long_speech
+from tests.conftest import long_speech
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.conftest import free_port, stop, wait_for_port
-from tests.faults.fleet import Fleet, at_rate, long_speech, npy, speech, wav
+from tests.conftest import free_port, long_speech, stop, wait_for_port
+from tests.faults.fleet import Fleet, at_rate, npy, speech, wav
 from worker.contract.jobs import TERMINAL
 
 

@@ -286,13 +286,6 @@ def speech(clip: bytes, seconds: float) -> bytes:
     return out.getvalue()
 
 
-def long_speech(clip: bytes, repeat: int) -> bytes:
-    audio, rate = sf.read(io.BytesIO(clip), dtype="float32")
-    out = io.BytesIO()
-    sf.write(out, np.concatenate([audio] * repeat), rate, format="FLAC")
-    return out.getvalue()
-
-
 def npy(array: np.ndarray) -> bytes:
     out = io.BytesIO()
     np.save(out, array)

@@ -13,8 +13,8 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import free_port
-from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
+from tests.conftest import free_port, long_speech
+from tests.faults.fleet import Fleet, RedisServer, StorageServer, speech
 from worker.core.process import CUDA_FAULT_EXIT
 
 pytestmark = pytest.mark.slow
