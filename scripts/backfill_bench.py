@@ -6,7 +6,8 @@ the scanner costs to walk a large listing.
         [--split] [--py-spy PATH]
     python scripts/backfill_bench.py progress [--backfill-files 400] [--device cpu]
     python scripts/backfill_bench.py throughput [--backfill-files 2010] [--engine-runs 2]
-        [--warmup-jobs 256] [--device cuda] [--audio-dir DIR]
+        [--warmup-jobs 256] [--device cuda] [--audio-dir DIR] [--third-silence]
+        [--job-options '{"vad": true, "diarize": true}']
     python scripts/backfill_bench.py scan [--keys 100000] [--bound 1000] [--stall-s 30]
         [--variants listing,malformed,bound] [--plot docs/bench/backfill-scan.png]
     (either: [--redis-url redis://127.0.0.1:6379/8 | --redis-server redis-server])
@@ -50,7 +51,13 @@ bytes (decoding included, as a worker's jobs include it), after a warm-up pass o
 will meet), then `POST /v1/backfills`, timed until the backfill is `done` (every job ended,
 its copies and manifest written). Both as audio seconds per second; ratio fleet / engine.
 Why: a backfill is the bulk workload; this is what the whole path (listing, inspection,
-queue, worker, storage, copies, manifest) keeps of the engine's pace.
+queue, worker, storage, copies, manifest) keeps of the engine's pace. `--third-silence`: the
+files are instead copies of one long recording, the manifest's English clips each followed by
+room tone half as long (`tools.longform.third_silence`, some 12 minutes, a third without
+speech), as an archive of calls; `--job-options`: the backfill's job options (JSON, as
+`POST /v1/backfills` takes them), for its jobs, the warm-up jobs and the engine's runs alike.
+Run with and without `{"vad": true, "diarize": true}`, the two give what voice activity and
+speakers cost at the fleet's pace (issue #39).
 
 scan: `--keys` small objects (a few bytes to 364 bytes each) under `s3://bench-archive/scan/`,
 put through a thread pool: half `.txt`, 40% `.flac` that are not audio, 10% valid tiny WAV.
@@ -240,10 +247,20 @@ class Phase:
     """Interactive jobs at a steady rate; each one's latency, submit to `finished_at`."""
 
     def __init__(
-        self, api_url: str, clips: list, jobs: int, interval: float, label: str, priority: str = ""
+        self,
+        api_url: str,
+        clips: list,
+        jobs: int,
+        interval: float,
+        label: str,
+        priority: str = "",
+        options: dict | None = None,
     ):
+        """options: job options, sent as form fields (httpx writes JSON's true as "true")."""
         self.api_url, self.clips, self.jobs, self.interval = api_url, clips, jobs, interval
-        self.label, self.form = label, {"priority": priority} if priority else {}
+        self.label, self.form = label, dict(options or {})
+        if priority:
+            self.form["priority"] = priority
         self.pending: dict[str, float] = {}
         self.latencies: list[float] = []
         self.waits: list[float] = []  # submit to started_at: waiting for a job slot
@@ -562,22 +579,35 @@ def gil_summary(path: Path, seconds: float) -> str:
 def throughput(args: argparse.Namespace, stack: Stack) -> None:
     import gc
 
+    import soundfile as sf
     import torch
 
     from engine import Engine
+    from tools.evaluate import read_manifest
+    from tools.longform import third_silence
+    from worker.contract.options import JobOptions
     from worker.contract.settings import Settings
     from worker.core.engines import Engines
+    from worker.core.transcripts import engine_options
 
+    job_options = json.loads(args.job_options)
+    options = engine_options(JobOptions.model_validate(job_options), b"")
     clips = read_clips(Path(args.audio_dir), args.max_clip_s or 1e9, english=False)
-    files = [clips[i % len(clips)] for i in range(args.backfill_files)]
+    sources = clips
+    if args.third_silence:
+        made = third_silence(read_manifest(Path(args.audio_dir) / "manifest.jsonl"))
+        out = io.BytesIO()
+        sf.write(out, made.samples, 16000, format="FLAC")
+        sources = [("third-silence.flac", out.getvalue(), made.seconds)]
+    files = [sources[i % len(sources)] for i in range(args.backfill_files)]
     audio_s = sum(c[2] for c in files)
     print(f"{len(files)} files, {audio_s:.0f} s of audio", file=sys.stderr, flush=True)
 
     # the engine as a worker configures it (weights, slots, kernels, cross K/V)
     os.environ.update(stack.env)
     stream = Engine.open(Engines(Settings()).config(args.model))
-    stream.transcribe([c[1] for c in clips])  # warm-up: load, compile, capture
-    run = partial(stream.transcribe, [c[1] for c in files])
+    stream.transcribe([c[1] for c in sources], options)  # warm-up: load, compile, capture
+    run = partial(stream.transcribe, [c[1] for c in files], options)
     _, engine_runs = measure.timed(run, args.engine_runs, "engine alone")
     del run, stream
     gc.collect()
@@ -593,10 +623,11 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
     put_many(stack.s3(), ARCHIVE, copies, "archive")
     warmup = max(args.warmup_jobs, len(clips))
     print(f"warming up the worker ({warmup} jobs at once) ...", file=sys.stderr, flush=True)
-    Phase(str(api.base_url), clips, warmup, 0.0, "warm-up").run(args.timeout, stack.check)
+    warming = Phase(str(api.base_url), clips, warmup, 0.0, "warm-up", options=job_options)
+    warming.run(args.timeout, stack.check)
 
     start = time.perf_counter()
-    reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/calls/"})
+    reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/calls/", **job_options})
     reply.raise_for_status()
     backfill_id = reply.json()["id"]
     bar = tqdm(total=len(files), desc="backfill", unit="file", file=sys.stderr)
@@ -616,9 +647,10 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
 
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(
-        f"\n{args.model} on {args.device} ({gpu}); {len(files)} files ({len(clips)} clips "
-        f"repeated), {audio_s:.0f} s of audio; fleet: {args.workers} worker(s) x concurrency "
-        f"{args.concurrency}, warmed with {warmup} jobs\n"
+        f"\n{args.model} on {args.device} ({gpu}); {len(files)} files ({len(sources)} "
+        f"repeated), {audio_s:.0f} s of audio; job options {job_options or 'the defaults'}; "
+        f"fleet: {args.workers} worker(s) x concurrency {args.concurrency}, warmed with "
+        f"{warmup} jobs\n"
     )
     print("| path | seconds | audio s / s | files |")
     print("|---|---|---|---|")
@@ -892,6 +924,14 @@ def main() -> int:
     latency_args.add_argument("--interval", type=float, default=2.0, help="s between them")
     latency_args.add_argument("--backfill-files", type=int, default=400)
     latency_args.add_argument("--engine-runs", type=int, default=2, help="throughput")
+    latency_args.add_argument(
+        "--third-silence",
+        action="store_true",
+        help="throughput: the files are one long recording, a third of it room tone",
+    )
+    latency_args.add_argument(
+        "--job-options", default="{}", help="throughput: JSON, e.g. '{\"vad\": true}'"
+    )
     latency_args.add_argument(
         "--py-spy", metavar="PATH", help="latency: the first worker's GIL, sampled in phase two"
     )

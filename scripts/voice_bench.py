@@ -58,7 +58,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Engine, EngineConfig, TranscriptionOptions, inputs  # noqa: E402
-from engine.audio import decode_audio  # noqa: E402
 from engine.diarize import Recording, speaker_turns  # noqa: E402
 from engine.inputs import own_stream  # noqa: E402
 from engine.options import SpeakerCount  # noqa: E402
@@ -66,7 +65,7 @@ from engine.stream import PREPARE_THREADS  # noqa: E402
 from engine.vad import CHUNK, Detector, speech_regions  # noqa: E402
 from scripts.measure import spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
-from tools.longform import concatenation, leveled, room_tone  # noqa: E402
+from tools.longform import third_silence  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402
 from worker.core.batching import Batcher  # noqa: E402
 
@@ -75,16 +74,6 @@ DEAF = "transcription without Silero (vad off)"
 WORDS = "word timestamps (vad on)"
 DIARIZED = "with diarize"
 AS_WORKER = "as a worker: "
-
-
-def recording(audio_dir: Path) -> tuple[np.ndarray, str]:
-    """The English clips, each followed by room tone half its length: a third is silence."""
-    clips = [c for c in read_manifest(audio_dir / "manifest.jsonl") if c.language == "en"]
-    rng = np.random.default_rng(0)
-    decoded = [(leveled(decode_audio(c.path.read_bytes())), c.reference) for c in clips]
-    pauses = [room_tone(len(x) / 32000, rng) for x, _ in decoded]
-    made = concatenation("third-silence", decoded, pauses)
-    return made.samples, made.reference
 
 
 def synced(run):
@@ -107,7 +96,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    samples, reference = recording(args.audio_dir)
+    made = third_silence(read_manifest(args.audio_dir / "manifest.jsonl"))
+    samples, reference = made.samples, made.reference
     seconds = len(samples) / 16000
     items = [samples] * args.copies
     audio = seconds * args.copies

@@ -73,6 +73,16 @@ def leveled(samples: np.ndarray, rms: float = 0.05) -> np.ndarray:
     return (samples * (rms / max(float(np.sqrt(np.mean(samples**2))), 1e-9))).astype(np.float32)
 
 
+def third_silence(clips: list[Clip]) -> Recording:
+    """A manifest's English clips (each `leveled`), each followed by room tone half as long as
+    itself: a third of the recording is without speech, as in an archive of calls."""
+    english = [c for c in clips if c.language == "en"]
+    rng = np.random.default_rng(0)
+    decoded = [(leveled(decode_audio(c.path.read_bytes())), c.reference) for c in english]
+    pauses = [room_tone(len(x) / SAMPLE_RATE / 2, rng) for x, _ in decoded]
+    return concatenation("third-silence", decoded, pauses)
+
+
 def recordings(clips: list[Clip], kinds: set[str] | None = None) -> list[Recording]:
     """The long recordings made of a manifest's English clips, by kind (the concatenations'
     clips each `leveled`):
