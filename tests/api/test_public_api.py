@@ -16,8 +16,7 @@ import pytest
 import redis
 
 from tests import conftest
-from tests.conftest import free_port, stop, wait_for_port
-from tests.faults.fleet import long_speech
+from tests.conftest import free_port, long_speech, stop, wait_for_port
 from tests.worker.test_webhooks import Receiver
 from tools.wer import word_error_rate
 from worker.contract.settings import Settings

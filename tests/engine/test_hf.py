@@ -7,8 +7,8 @@ import pytest
 
 from engine import Engine, EngineConfig, OptionsError, SpectrogramError, TranscriptionOptions
 from engine.loader import model_dir
-from tests.conftest import random_ctc
-from tests.faults.fleet import long_speech, npy
+from tests.conftest import long_speech, random_ctc
+from tests.faults.fleet import npy
 
 GREEDY = TranscriptionOptions(timestamps=False, temperature=(0.0,))
 

@@ -17,8 +17,7 @@ from engine.timing import (
     merge_punctuation,
     split_words,
 )
-from tests.conftest import open_stream, transcribe
-from tests.faults.fleet import long_speech
+from tests.conftest import long_speech, open_stream, transcribe
 from tools.evaluate import Clip as ManifestClip
 from tools.word_timing import OPTIONS, compare, pooled
 

@@ -15,8 +15,8 @@ import redis
 from botocore.exceptions import ClientError
 
 from engine import TranscriptionOptions
-from tests.conftest import open_stream
-from tests.faults.fleet import Fleet, RedisServer, StorageServer, long_speech, speech
+from tests.conftest import long_speech, open_stream
+from tests.faults.fleet import Fleet, RedisServer, StorageServer, speech
 from worker.contract.jobs import JobInput, JobOptions, JobRecord, JobStatus, JobStore, new_job_id
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
