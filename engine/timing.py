@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine.kernels.dtw import paths
+from engine.kernels.median import median_filter
 from engine.loader import LoadedModel
 from engine.mel import FRAMES_PER_SECOND
 from engine.model import CrossWeights, KVCache
@@ -146,23 +146,17 @@ class Aligner:
             frames = max(1, min(w.n_frames // 2, d.n_audio_ctx))
             a = qk[k, :, :n, :frames].float().softmax(dim=-1)
             std, mean = torch.std_mean(a, dim=-2, keepdim=True, unbiased=False)
-            a = median_filter((a - mean) / std, MEDIAN_FILTER_WIDTH).mean(dim=0)
+            a = median_filter((a - mean) / std, MEDIAN_FILTER_WIDTH, self.triton).mean(dim=0)
             matrices.append(a[first : n - 1])
-            text = torch.tensor(w.tokens, device=device)[:, None]
+            # each text token's probability, read from the tokens on the device: a tensor
+            # made from the host's list would wait for the GPU, window after window
+            text = tokens[k, first + 1 : first + 1 + len(w.tokens), None]
             p = logits[k, first : first + len(w.tokens), : tok.eot].float().softmax(dim=-1)
             probabilities.append(p.gather(1, text)[:, 0])
         found = paths([-m for m in matrices], self.triton)
-        host_p = [p.cpu().numpy() for p in probabilities]
+        sizes = [len(w.tokens) for w in windows]
+        host_p = np.split(torch.cat(probabilities).cpu().numpy(), np.cumsum(sizes)[:-1])
         return [TokenTimes.of(path, p) for path, p in zip(found, host_p, strict=True)]
-
-
-def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
-    """The median of each run of `width` along the last axis, edges reflected."""
-    pad = width // 2
-    if x.shape[-1] <= pad:
-        return x
-    x = F.pad(x, (pad, pad), mode="reflect")
-    return x.unfold(-1, width, 1).sort()[0][..., pad]
 
 
 def split_words(
@@ -209,14 +203,18 @@ def segment_words(
     the times at which their first token starts and the token after their last, and the mean
     probability of their tokens. A word never spans two segments."""
     out, first = [], 0
+    starts, probabilities = times.starts.tolist(), times.probabilities.tolist()
     for tokens in segments:
         words, groups = split_words(tokenizer, tokens, language)
         timed = []
         for word, group in zip(words, groups, strict=True):
             last = first + len(group)
-            start, end = float(times.starts[first]), float(times.starts[last])
-            probability = float(times.probabilities[first:last].mean())
-            timed.append(WordTiming(word, group, start, end, probability))
+            probability = (  # numpy's mean (in float32) is slow for a single token
+                probabilities[first]
+                if len(group) == 1
+                else float(times.probabilities[first:last].mean())
+            )
+            timed.append(WordTiming(word, group, starts[first], starts[last], probability))
             first = last
         out.append(timed)
     return out
@@ -324,5 +322,6 @@ def _fit(
     else:
         end = last.end
     words[-1] = last
-    words = [replace(w, start=round(w.start, 2), end=round(w.end, 2)) for w in words]
+    for i in {0, min(1, len(words) - 1), len(words) - 1}:  # the words changed here
+        words[i] = replace(words[i], start=round(words[i].start, 2), end=round(words[i].end, 2))
     return words, round(start, 3), round(end, 3)

@@ -37,6 +37,7 @@ from engine.kernels.linear import (  # noqa: E402
     torch_linear,
     triton_linear,
 )
+from engine.kernels.median import torch_median_filter, triton_median_filter  # noqa: E402
 from engine.kernels.norm import torch_add_norm, triton_add_norm  # noqa: E402
 from engine.kernels.rms import (  # noqa: E402
     add_rms_norm,
@@ -66,6 +67,28 @@ def test_the_dtw_kernel_finds_the_hosts_paths(shapes):
         for cost, ours in zip(costs, found, strict=True):
             theirs = dtw(cost.astype(np.float64))
             assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (2, 3, 40), (6, 9, 1500), (1, 1, 2 * 1024 + 5)])
+def test_the_median_kernel_keeps_the_same_values_as_the_sort(shape):
+    """Each value the median of its seven, reflected at both ends: torch's values exactly,
+    rows of four (the shortest reflected) to a whole window and past a program's block."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))).to(DEVICE)
+    assert torch.equal(triton_median_filter(x), torch_median_filter(x, 7))
+    repeated = torch.randint(0, 3, shape, generator=torch.Generator().manual_seed(1)).float()
+    assert torch.equal(
+        triton_median_filter(repeated.to(DEVICE)).cpu(), torch_median_filter(repeated, 7)
+    )
+
+
+def test_the_median_kernels_network_sorts_every_order_of_seven():
+    """Every order of seven distinct values, one after another in a row: the middle one of
+    each, whose seven are that order, is 3."""
+    import itertools
+
+    orders = torch.tensor(list(itertools.permutations(range(7))), dtype=torch.float32)
+    middles = triton_median_filter(orders.view(1, -1).to(DEVICE)).view(-1, 7)[:, 3].cpu()
+    assert torch.equal(middles, torch.full((len(orders),), 3.0))
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

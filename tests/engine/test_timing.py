@@ -9,11 +9,11 @@ import torch
 
 from engine import timing
 from engine.kernels.dtw import dtw
+from engine.kernels.median import median_filter
 from engine.options import TranscriptionOptions
 from engine.timing import (
     WordTiming,
     alignment_heads,
-    median_filter,
     merge_punctuation,
     split_words,
 )
