@@ -304,3 +304,17 @@ def at_rate(clip: bytes, seconds: float, rate: int) -> bytes:
     audio = audio[: int(seconds * source)]
     at = np.arange(int(len(audio) * rate / source)) * source / rate
     return wav(np.interp(at, np.arange(len(audio)), audio).astype(np.float32), rate)
+
+
+RUNNING = {"running"}
+
+
+def make_fleet(tmp_path: Path, storage_server: StorageServer, fsync="everysec", **env) -> Fleet:
+    """A fleet on a redis-server of its own (started), with `env` over its settings."""
+    redis_server = RedisServer(tmp_path, fsync)
+    redis_server.start()
+    return Fleet(tmp_path, redis_server, storage_server, **env)
+
+
+def submit_many(fleet: Fleet, inputs: list[bytes], n: int, **kwargs) -> list[str]:
+    return [fleet.submit(inputs[i % len(inputs)], **kwargs) for i in range(n)]
