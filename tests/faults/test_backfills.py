@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port, wait_for_port
-from tests.faults.fleet import Fleet, RedisServer, StorageServer, speech
+from tests.faults.fleet import Fleet, StorageServer, make_fleet
 from worker.contract.backfills import BackfillStore
 
 pytestmark = pytest.mark.slow
@@ -98,14 +98,11 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, clips):
+def stack(tmp_path_factory, inputs):
     folder = tmp_path_factory.mktemp("backfills")
     storage = StorageServer()
-    redis_server = RedisServer(folder)
-    redis_server.start()
-    fleet = Fleet(
+    fleet = make_fleet(
         folder,
-        redis_server,
         storage,
         TENANT_SOURCES=f"s3://{ARCHIVE}/",
         BACKFILL_QUEUE_BOUND=str(BOUND),
@@ -115,8 +112,6 @@ def stack(tmp_path_factory, clips):
     fleet.storage.client.put_bucket_versioning(  # a result written twice would show
         Bucket=fleet.settings.s3_bucket, VersioningConfiguration={"Status": "Enabled"}
     )
-    english = [c for c in clips.values() if c.language == "en"]
-    inputs = [speech(c.bytes, 2.0 + i % 3) for i, c in enumerate(english)]
     port = free_port()
     api = fleet.start("api", "--port", str(port))
     fleet.start_worker()
@@ -129,7 +124,7 @@ def stack(tmp_path_factory, clips):
         yield s
     finally:
         fleet.close()
-        redis_server.close()
+        fleet.redis_server.close()
         storage.close()
         for path in sorted(folder.glob("worker-*.log")):
             print(f"--- {path.name}\n{path.read_text()[-4000:]}")

@@ -7,7 +7,7 @@ restarted, and storage is frozen 20 s."""
 import pytest
 
 from tests.faults import chaos
-from tests.faults.fleet import Fleet, RedisServer, StorageServer
+from tests.faults.fleet import StorageServer, make_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -16,9 +16,7 @@ def test_under_chaos_every_good_job_succeeds_once_with_the_calm_text(tmp_path, c
     plan = chaos.cases(clips, 40)
     calm = chaos.calm_texts(tiny_en, plan)
     storage = StorageServer()
-    redis_server = RedisServer(tmp_path, fsync="always")
-    redis_server.start()
-    fleet = Fleet(tmp_path, redis_server, storage)
+    fleet = make_fleet(tmp_path, storage, fsync="always")
     try:
         report = chaos.run(fleet, storage, plan, calm, kills=3, timeout_s=600)
         print(report)
@@ -26,6 +24,6 @@ def test_under_chaos_every_good_job_succeeds_once_with_the_calm_text(tmp_path, c
         assert report.events  # the chaos happened: kills, the Redis restart, the freeze
     finally:
         fleet.close()
-        redis_server.close()
+        fleet.redis_server.close()
         storage.close()
         print(fleet.logs()[-20000:])

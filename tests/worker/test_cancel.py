@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from engine import TranscriptionOptions
 from tests.conftest import long_speech, open_stream
-from tests.faults.fleet import Fleet, RedisServer, StorageServer, speech
+from tests.faults.fleet import Fleet, StorageServer, make_fleet, speech
 from worker.contract.jobs import JobInput, JobOptions, JobRecord, JobStatus, JobStore, new_job_id
 from worker.contract.results import TranscriptResult
 from worker.contract.settings import Settings
@@ -236,12 +236,10 @@ def test_a_job_cancelled_between_its_claim_and_its_start_is_dropped(job, monkeyp
 def fleet(tmp_path):
     """One decoding slot: an input that kept its slot would hold up every other job."""
     storage_server = StorageServer()
-    redis_server = RedisServer(tmp_path)
-    redis_server.start()
-    fleet = Fleet(tmp_path, redis_server, storage_server, SLOT_MEMORY_BYTES=1)
+    fleet = make_fleet(tmp_path, storage_server, SLOT_MEMORY_BYTES=1)
     yield fleet
     fleet.close()
-    redis_server.close()
+    fleet.redis_server.close()
     storage_server.close()
     print(fleet.logs()[-15000:])
 
