@@ -15,7 +15,6 @@
 #   scripts/compose_check.sh --cpu     # the same worker on the CPU
 #   scripts/compose_check.sh --local   # no image registry: compose.local.yaml (CPU worker),
 #                                      # its base images made first (scripts/compose_images.sh)
-#   ... --build-only                   # the images only (.ci/run builds them during the tests)
 # COMPOSE="docker-compose" for Compose v1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,13 +23,12 @@ URL=http://127.0.0.1:8000
 CLIP=tests/data/en_jfk.flac
 WORDS="ask not what your country can do for you"
 # the drain's job: the clip this many times over, seconds of work for the worker
-PROFILE=() WORKER=worker UP=() LOCAL='' TIMES=30 BUILD_ONLY=''
+PROFILE=() WORKER=worker UP=() LOCAL='' TIMES=30
 for arg; do
   case $arg in
-    --build-only) BUILD_ONLY=1 ;;
     --cpu) PROFILE=(--profile cpu) WORKER=worker-cpu UP=(--scale worker=0) TIMES=3 ;;
     --local) PROFILE=(--profile cpu) WORKER=worker-cpu UP=(--scale worker=0) TIMES=3 LOCAL=1 ;;
-    *) echo "usage: $0 [--cpu | --local] [--build-only]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--cpu | --local]" >&2; exit 2 ;;
   esac
 done
 trap 'echo "compose check failed at line $LINENO" >&2' ERR
@@ -51,7 +49,6 @@ BUILD=(api "$WORKER")
 [[ -n $LOCAL ]] && BUILD+=(storage) # the worker's image and /data: after the worker
 COMPOSE_PARALLEL_LIMIT=1 $COMPOSE "${PROFILE[@]}" build "${BUILD[@]}"
 took "build (${BUILD[*]})"
-[[ -z $BUILD_ONLY ]] || exit 0
 
 long=$(mktemp --suffix .wav)
 trap 'compose stop; rm -f "$long"' EXIT

@@ -19,6 +19,13 @@ import redis
 from worker.contract.settings import Settings
 from worker.local import s3_server
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest runs four files at once (pyproject's -n 4) on machines of two cores: torch's
+    # default of a thread per core in each, and in each worker process they start, spun in
+    # OpenMP's barriers (a file's tests took 10 times the CPU they take alone). One thread
+    # each, read when torch starts its pool here and in every process started from here.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 DATA = Path(__file__).parent / "data"
 # a job's options at their defaults as records and results store them: every key, in order
 STORED_OPTIONS = {

@@ -53,7 +53,11 @@ def test_one_message_delivered_twice_to_two_workers_runs_once(fleet, inputs):
     tally = fleet.tally(ids)
     assert (tally.succeeded, tally.duplicates, tally.lost) == (12, 0, 0)
     assert all(fleet.store.get(i).attempts == 1 for i in ids)
-    assert fleet.logs().count("dropping this delivery") == 12
+    # each second delivery dropped, and so is each one more that the reconciler sent (under
+    # load a worker's prefetched message can look missing past STALE_AFTER_S: 15 drops, 3
+    # sent again, in one suite run)
+    logs = fleet.logs()
+    assert logs.count("dropping this delivery") == 12 + logs.count("has no live worker: sent again")
 
 
 def malformed(good: bytes) -> list[tuple[bytes, str, str]]:
