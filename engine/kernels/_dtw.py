@@ -4,7 +4,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# sizes and strides change with every pass: specialised on them (divisible by 16 or not, one
+# or not), each new combination was a compile of about 0.1 s in the decode loop's thread
+@triton.jit(do_not_specialize=["X_BATCH", "X_ROW", "C_BATCH", "C_ROW"])
 def dtw_kernel(
     cost_ptr, trace_ptr, x_ptr, sizes_ptr, X_BATCH, X_ROW, C_BATCH, C_ROW, BLOCK: tl.constexpr
 ):
@@ -33,7 +35,7 @@ def dtw_kernel(
         tl.store(trace_ptr + (k + 1) * C_ROW + i + 1, step.to(tl.int8), mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C_BATCH", "C_ROW", "P_BATCH"])
 def backtrace_kernel(trace_ptr, path_ptr, length_ptr, sizes_ptr, C_BATCH, C_ROW, P_BATCH):
     """One window a program: the path walked back from its last cell through the skewed
     trace, (token, frame) pairs from the end; the walk's length to `length_ptr`."""

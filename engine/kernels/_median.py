@@ -16,7 +16,7 @@ def _order(a, b):
     return tl.minimum(a, b), tl.maximum(a, b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["length"])  # each pass's frames: one compile for all
 def median7_kernel(x_ptr, out_ptr, length, BLOCK: tl.constexpr):
     """One row's block of positions a program: the seven values around each (reflected at the
     row's ends), sorted by a 16-comparator network, the middle one kept."""

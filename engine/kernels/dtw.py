@@ -15,6 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+# the search's lanes at least: a window's text is up to 224 tokens, so four sizes of the
+# kernel serve every pass (each size a compile the first time a process meets it)
+MIN_BLOCK = 32
+
 
 def paths(costs: list[Tensor], triton: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
     """The cheapest path through each (tokens, frames) cost matrix, as (token indices, frame
@@ -82,7 +86,7 @@ def triton_paths(costs: list[Tensor]) -> list[tuple[np.ndarray, np.ndarray]]:
     trace = torch.full(shape, 2, dtype=torch.int8, device=device)
     counts = torch.tensor(sizes, dtype=torch.int32, device=device)
     grid = (len(costs),)
-    block = triton.next_power_of_2(most_tokens)
+    block = max(MIN_BLOCK, triton.next_power_of_2(most_tokens))
     dtw_kernel[grid](
         cost, trace, x, counts, x.stride(0), x.stride(1), cost.stride(0), cost.stride(1), block
     )
