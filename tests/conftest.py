@@ -22,7 +22,7 @@ from worker.local import s3_server
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest runs four files at once (pyproject's -n 4) on machines of two cores: torch's
     # default of a thread per core in each, and in each worker process they start, spun in
-    # OpenMP's barriers (a file's tests took 10 times the CPU they take alone). One thread
+    # OpenMP's barriers (a test of long audio took five times the CPU it takes alone). One thread
     # each, read when torch starts its pool here and in every process started from here.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
