@@ -95,25 +95,30 @@ def test_the_alignment_kernels_take_any_passs_sizes_without_a_new_compile():
     """Each alignment pass has sizes of its own (windows, tokens, frames): Triton specialises a
     kernel on its integer arguments (divisible by 16 or not, one or not), and each new
     combination was a compile of about 0.1 s in the stepping thread, in 8 of 60 random passes
-    and most passes of a worker's first jobs (an H100, 2026-12-07). Every size is declared
-    not to be specialised on; pointers and the lanes (a few powers of two) still are."""
-    import inspect
+    and most passes of a worker's first jobs (an H100, 2026-12-07). Every size of the path
+    search, its walk back and the median filter is declared not to be specialised on;
+    pointers and the lanes (a few powers of two) still are. Read from their source, which is
+    the engine's own (tests/test_layers.py)."""
+    import ast
+    from pathlib import Path
 
-    import triton.language as tl
-
-    from engine.kernels import _dtw, _median
-
-    for kernel in (_dtw.dtw_kernel, _dtw.backtrace_kernel, _median.median7_kernel):
-        if hasattr(kernel, "params"):  # compiled
-            unspecialised = {p.name for p in kernel.params if p.do_not_specialize}
-        else:  # Triton's interpreter
-            unspecialised = set(kernel.kwargs.get("do_not_specialize", ()))
-        sizes = {
-            name
-            for name, p in inspect.signature(kernel.fn).parameters.items()
-            if not name.endswith("_ptr") and p.annotation is not tl.constexpr
-        }
-        assert sizes and unspecialised == sizes, kernel
+    kernels = Path(__file__).parents[2] / "engine" / "kernels"
+    checked = set()
+    for source in ("_dtw.py", "_median.py"):
+        for node in ast.parse((kernels / source).read_text()).body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")):
+                continue
+            [jit] = [d for d in node.decorator_list if "triton.jit" in ast.unparse(d)]
+            keywords = {k.arg: ast.literal_eval(k.value) for k in getattr(jit, "keywords", [])}
+            sizes = {
+                a.arg
+                for a in node.args.args
+                if not a.arg.endswith("_ptr")
+                and not (a.annotation and "constexpr" in ast.unparse(a.annotation))
+            }
+            assert sizes and set(keywords.get("do_not_specialize", ())) == sizes, node.name
+            checked.add(node.name)
+    assert checked == {"dtw_kernel", "backtrace_kernel", "median7_kernel"}
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
