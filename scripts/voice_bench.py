@@ -32,6 +32,11 @@ of it go through the stream at once, as a worker's jobs would. Rows:
   arrive: the first passes run beside the decoding of the inputs before them, where
   `transcribe` waits for them all.
 
+Then the alignment passes of word timestamps, in the stream and as a worker: one more run of
+each, not timed as a row, with each `Aligner.align` call timed (the stepping thread's CUDA
+stream synchronised before and after): passes, windows a pass, the time in them (staggered
+inputs, as a worker's jobs arrive, finish their windows apart: more passes of fewer windows).
+
 Then what they add to the transcription, in the stream, as a share of the one without Silero:
 Silero's, the transcription with vad off less the one without Silero (every long input's first
 pass runs it, whatever its options: `vad` decides only what is done with the speech); the
@@ -47,6 +52,7 @@ import contextlib
 import json
 import statistics
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
@@ -62,6 +68,7 @@ from engine.diarize import Recording, speaker_turns  # noqa: E402
 from engine.inputs import own_stream  # noqa: E402
 from engine.options import SpeakerCount  # noqa: E402
 from engine.stream import PREPARE_THREADS  # noqa: E402
+from engine.timing import Aligner  # noqa: E402
 from engine.vad import CHUNK, Detector, speech_regions  # noqa: E402
 from scripts.measure import spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
@@ -147,6 +154,11 @@ def main() -> int:
         wer = word_error_rate([reference], [results[0].text])
         rows[AS_WORKER + name] = times
         out[AS_WORKER + name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
+    words = next(options for name, options, _ in runs if name == WORDS)
+    passes = {
+        "in the stream": _alignment_passes(lambda: stream.transcribe(items, words)),
+        "as a worker": _alignment_passes(lambda: _as_worker(stream, batcher, items, words)),
+    }
     batcher.close(wait=True)
 
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
@@ -188,7 +200,17 @@ def main() -> int:
             f"the speakers (diarize over word timestamps) {speakers:.3f} s "
             f"({speakers / plain:.1%}); together {(silero + speakers) / plain:.1%}"
         )
+    for said, timed_passes in passes.items():
+        sizes = [n for n, _ in timed_passes]
+        seconds = [t * 1000 for _, t in timed_passes]
+        median, p90 = statistics.median(seconds), np.percentile(seconds, 90)
+        print(
+            f"alignment passes {said}: {len(sizes)}, windows a pass {spread(sizes, 0)}, "
+            f"{sum(seconds) / 1000:.3f} s in all; ms a pass: median {median:.1f}, "
+            f"p90 {p90:.1f}, max {max(seconds):.1f}"
+        )
     if args.json:
+        out.update(passes=passes)
         out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
         out.update(prepare_heard=heard, prepare_unheard=unheard)
         out.update(audio_s=audio, speech=speech)
@@ -208,6 +230,29 @@ def _as_worker(
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         futures = list(pool.map(job, items))
     return [f.result() for f in futures]
+
+
+def _alignment_passes(run) -> list[tuple[int, float]]:
+    """(windows, seconds) of each alignment of one more `run` (`Aligner.align`: the windows a
+    step finished, in one pass unless they hold more than PASS_BYTES), each timed with the
+    calling thread's CUDA stream synchronised before and after it."""
+    found, align = [], Aligner.align
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()
+
+    def timed_align(self, cache, windows):
+        sync()
+        start = time.perf_counter()
+        times = align(self, cache, windows)
+        sync()
+        found.append((len(windows), time.perf_counter() - start))
+        return times
+
+    with mock.patch.object(Aligner, "align", timed_align):
+        run()
+    return found
 
 
 class _Deaf:
