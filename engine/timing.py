@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from engine.kernels.dtw import paths
 from engine.kernels.median import median_filter
@@ -33,7 +34,7 @@ from engine.result import Segment, Word
 from engine.tokenizer import Tokenizer
 
 MEDIAN_FILTER_WIDTH = 7
-PASS_BYTES = 256 * 1024**2  # attention weights one alignment pass may hold (windows at once)
+PASS_BYTES = 512 * 1024**2  # attention weights one alignment pass may hold (windows at once)
 PROMPT = 4  # tokens before a window's text in the pass: sot, language, task, notimestamps
 TOKENS_PER_SECOND = FRAMES_PER_SECOND // 2  # encoder positions a second (20 ms each)
 PREPEND_PUNCTUATION = "\"'“¿([{-"
@@ -111,7 +112,9 @@ class Aligner:
         d = self.m.dims
         n_heads = sum(map(len, self.heads.values()))
         longest = PROMPT + max((len(windows[i].tokens) for i in todo), default=0)
-        per_window = 4 * (n_heads + d.n_text_head) * longest * d.n_audio_ctx
+        # in float: the heads' products, two copies of them while they are weighed, and a
+        # layer's attention in the decoder pass
+        per_window = 4 * (3 * n_heads + d.n_text_head) * longest * d.n_audio_ctx
         group = max(1, PASS_BYTES // per_window)
         for at in range(0, len(todo), group):
             part = todo[at : at + group]
@@ -120,13 +123,28 @@ class Aligner:
         return timed
 
     def _pass(self, cache: KVCache, windows: list[Aligned]) -> list[TokenTimes]:
+        """One decoder pass over the windows' texts, then every step after it for all of them
+        at once, padded to the longest: a pass's kernels do not grow with its windows (the
+        stepping thread launches them, and a worker's passes are many and small)."""
         tok, d, device = self.m.tokenizer, self.m.dims, self.m.device
         starts = [tok.sot_sequence(w.language, w.task) for w in windows]
         rows = [s + w.tokens + [tok.eot] for s, w in zip(starts, windows, strict=True)]
         width = max(map(len, rows))
-        tokens = torch.tensor([r + [tok.eot] * (width - len(r)) for r in rows], device=device)
+        frames = [max(1, min(w.n_frames // 2, d.n_audio_ctx)) for w in windows]
+        # one copy to the device, which waits for it: each row's tokens, then its slot and
+        # sizes (its rows; the row that predicts its first word, its text tokens and
+        # end-of-text, its frames: the span of its cost matrix)
+        packed = torch.tensor(
+            [
+                r
+                + [tok.eot] * (width - len(r))
+                + [w.slot, len(r), len(s) - 1, len(w.tokens) + 1, f]
+                for s, r, w, f in zip(starts, rows, windows, frames, strict=True)
+            ],
+            device=device,
+        )
+        tokens, slots, sizes = packed[:, :width], packed[:, width], packed[:, width + 1 :]
         positions = torch.arange(width, device=device).expand(len(rows), -1)
-        slots = torch.tensor([w.slot for w in windows], device=device)
         d_head = d.n_text_state // d.n_text_head
         self_shape = (d.n_text_layer, len(rows), d.n_text_head, width, d_head)
         scratch = KVCache(  # the windows' own cross-attention K/V; self-attention from scratch
@@ -140,23 +158,58 @@ class Aligner:
             tokens, positions, slice(0, len(rows)), scratch, width, weights=weights
         )
         qk = torch.cat(weights.qk, dim=1)  # (windows, heads, width, n_audio_ctx)
-        matrices, probabilities = [], []
-        for k, w in enumerate(windows):
-            n, first = len(rows[k]), len(starts[k]) - 1  # the row that predicts the 1st word
-            frames = max(1, min(w.n_frames // 2, d.n_audio_ctx))
-            a = qk[k, :, :n, :frames].float().softmax(dim=-1)
-            std, mean = torch.std_mean(a, dim=-2, keepdim=True, unbiased=False)
-            a = median_filter((a - mean) / std, MEDIAN_FILTER_WIDTH, self.triton).mean(dim=0)
-            matrices.append(a[first : n - 1])
-            # each text token's probability, read from the tokens on the device: a tensor
-            # made from the host's list would wait for the GPU, window after window
-            text = tokens[k, first + 1 : first + 1 + len(w.tokens), None]
-            p = logits[k, first : first + len(w.tokens), : tok.eot].float().softmax(dim=-1)
-            probabilities.append(p.gather(1, text)[:, 0])
-        found = paths([-m for m in matrices], self.triton)
-        sizes = [len(w.tokens) for w in windows]
-        host_p = np.split(torch.cat(probabilities).cpu().numpy(), np.cumsum(sizes)[:-1])
-        return [TokenTimes.of(path, p) for path, p in zip(found, host_p, strict=True)]
+        costs = -alignment_weights(qk, sizes[:, 0], sizes[:, 3], max(frames), self.triton)
+        # each text token's probability: the next token's, from each row that predicts one
+        probabilities = token_probabilities(logits, tokens, tok.eot)
+        found = paths(costs, sizes[:, 1:], self.triton)  # waits for the device
+        host_p = probabilities.cpu().numpy()
+        return [
+            TokenTimes.of(path, host_p[k, len(s) - 1 : len(s) - 1 + len(w.tokens)])
+            for k, (path, s, w) in enumerate(zip(found, starts, windows, strict=True))
+        ]
+
+
+def alignment_weights(
+    qk: Tensor, rows: Tensor, frames: Tensor, most_frames: int, triton: bool = False
+) -> Tensor:
+    """(windows, tokens, frames): openai-whisper's weights of each window, padded. qk: the
+    alignment heads' (windows, heads, tokens, n_audio_ctx) products; rows, frames: each
+    window's tokens and frames of content. A window alone is: its softmax over its frames,
+    normalised over its tokens, median-filtered along its frames (reflected at its last),
+    averaged over the heads; here the padding takes no part in any of it, and at most two
+    float copies of the products are held at once."""
+    pad = MEDIAN_FILTER_WIDTH // 2
+    columns = torch.arange(most_frames, device=qk.device)
+    x = qk[..., :most_frames].float()
+    x.masked_fill_(columns >= frames[:, None, None, None], float("-inf"))
+    x = x.softmax(dim=-1)
+    n = rows[:, None, None, None].to(x.dtype)
+    padding = (torch.arange(x.shape[2], device=qk.device) >= rows[:, None])[:, None, :, None]
+    x.masked_fill_(padding, 0.0)
+    x -= x.sum(dim=-2, keepdim=True) / n  # each frame's mean over the tokens
+    x.masked_fill_(padding, 0.0)
+    x /= torch.linalg.vector_norm(x, dim=-2, keepdim=True) / n.sqrt()  # and their deviation
+    # each window's reflection past its last frame, in the columns after it, so that the
+    # filter's edge there is the window's own (the filter reflects at the padded edge)
+    last = frames[:, None, None, None] - 1
+    reflected = torch.where(columns > last, (2 * last - columns).clamp(min=0), columns)
+    x = x.gather(-1, reflected.expand_as(x))
+    filtered = median_filter(x, MEDIAN_FILTER_WIDTH, triton)
+    # a window too short to reflect is left unfiltered
+    torch.where(last < pad, x, filtered, out=filtered)
+    return filtered.mean(dim=1)
+
+
+def token_probabilities(logits: Tensor, tokens: Tensor, eot: int) -> Tensor:
+    """(windows, tokens - 1): each row's probability of the token after it, among the text
+    tokens; in parts of at most PASS_BYTES of probabilities."""
+    out = torch.empty(tokens.shape[0], tokens.shape[1] - 1, device=tokens.device)
+    nexts = tokens[:, 1:].clamp(max=eot - 1)[..., None]  # past the text: any, unread
+    part = max(1, PASS_BYTES // (4 * eot * tokens.shape[1]))
+    for at in range(0, tokens.shape[0], part):
+        p = logits[at : at + part, :-1, :eot].softmax(dim=-1, dtype=torch.float32)
+        out[at : at + part] = p.gather(-1, nexts[at : at + part])[..., 0]
+    return out
 
 
 def split_words(

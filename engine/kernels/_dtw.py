@@ -8,17 +8,19 @@ import triton.language as tl
 # or not), each new combination was a compile of about 0.1 s in the decode loop's thread
 @triton.jit(do_not_specialize=["X_BATCH", "X_ROW", "C_BATCH", "C_ROW"])
 def dtw_kernel(
-    cost_ptr, trace_ptr, x_ptr, sizes_ptr, X_BATCH, X_ROW, C_BATCH, C_ROW, BLOCK: tl.constexpr
+    cost_ptr, trace_ptr, x_ptr, spans_ptr, X_BATCH, X_ROW, C_BATCH, C_ROW, BLOCK: tl.constexpr
 ):
-    """One window a program. Its matrices are skewed: row k holds anti-diagonal k, entry i the
-    cell of token i (x: x[i, k - i]; cost and trace: cell (i + 1, k - i) at [k + 1, i + 1]),
-    so each step reads two rows and writes the next."""
+    """One window a program, its matrix read in place from the pass's (windows, rows, frames)
+    costs: rows from its first, as many as its tokens. Each step reads an anti-diagonal of
+    it; cost and trace are skewed (cell (i + 1, k - i) at [k + 1, i + 1]), so each step reads
+    two of their rows and writes the next."""
     b = tl.program_id(0)
-    n_tokens = tl.load(sizes_ptr + 2 * b)
-    n_frames = tl.load(sizes_ptr + 2 * b + 1)
+    first = tl.load(spans_ptr + 3 * b)
+    n_tokens = tl.load(spans_ptr + 3 * b + 1)
+    n_frames = tl.load(spans_ptr + 3 * b + 2)
     cost_ptr += b.to(tl.int64) * C_BATCH
     trace_ptr += b.to(tl.int64) * C_BATCH
-    x_ptr += b.to(tl.int64) * X_BATCH
+    x_ptr += b.to(tl.int64) * X_BATCH + first * X_ROW
     i = tl.arange(0, BLOCK)
     inside = i < n_tokens
     for k in range(1, n_frames + n_tokens + 1):
@@ -26,7 +28,9 @@ def dtw_kernel(
         diagonal = tl.load(cost_ptr + (k - 1) * C_ROW + i, mask=inside)
         up = tl.load(cost_ptr + k * C_ROW + i, mask=inside)
         left = tl.load(cost_ptr + k * C_ROW + i + 1, mask=inside)
-        x = tl.load(x_ptr + (k - 1) * X_ROW + i, mask=inside, other=0.0)
+        j = k - 1 - i  # each token's frame on this anti-diagonal; off the matrix, no path
+        cell = inside & (j >= 0) & (j < n_frames)
+        x = tl.load(x_ptr + i * X_ROW + j, mask=cell, other=float("inf")).to(tl.float64)
         best = tl.minimum(tl.minimum(diagonal, up), left)
         tl.store(cost_ptr + (k + 1) * C_ROW + i + 1, x + best, mask=inside)
         step = tl.where(
@@ -36,12 +40,12 @@ def dtw_kernel(
 
 
 @triton.jit(do_not_specialize=["C_BATCH", "C_ROW", "P_BATCH"])
-def backtrace_kernel(trace_ptr, path_ptr, length_ptr, sizes_ptr, C_BATCH, C_ROW, P_BATCH):
+def backtrace_kernel(trace_ptr, path_ptr, length_ptr, spans_ptr, C_BATCH, C_ROW, P_BATCH):
     """One window a program: the path walked back from its last cell through the skewed
     trace, (token, frame) pairs from the end; the walk's length to `length_ptr`."""
     b = tl.program_id(0)
-    i = tl.load(sizes_ptr + 2 * b)
-    j = tl.load(sizes_ptr + 2 * b + 1)
+    i = tl.load(spans_ptr + 3 * b + 1)
+    j = tl.load(spans_ptr + 3 * b + 2)
     trace_ptr += b.to(tl.int64) * C_BATCH
     path_ptr += b.to(tl.int64) * P_BATCH
     steps = 0

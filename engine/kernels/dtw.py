@@ -20,12 +20,17 @@ from torch import Tensor
 MIN_BLOCK = 32
 
 
-def paths(costs: list[Tensor], triton: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The cheapest path through each (tokens, frames) cost matrix, as (token indices, frame
-    indices) in order. triton: one kernel for all of them (on CUDA), else numpy's rows."""
-    if triton and costs and costs[0].is_cuda:
-        return triton_paths(costs)
-    return [dtw(c.double().cpu().numpy()) for c in costs]
+def paths(
+    costs: Tensor, spans: Tensor, triton: bool = False
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The cheapest path through each window's (tokens, frames) cost matrix, as (token
+    indices, frame indices) in order. costs: (windows, rows, frames), every window's matrix
+    padded to the longest; spans: (windows, 3) integers, each window's first row, rows and
+    frames. triton: one kernel for all of them (on CUDA), else numpy's rows."""
+    if triton and costs.is_cuda:
+        return triton_paths(costs, spans)
+    host = costs.double().cpu().numpy()
+    return [dtw(host[b, f : f + n, :m]) for b, (f, n, m) in enumerate(spans.tolist())]
 
 
 def dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,36 +69,32 @@ def backtrace(trace: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tokens, frames
 
 
-def triton_paths(costs: list[Tensor]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`dtw` of each matrix (on one CUDA device): the search in one kernel, in float64 as on the
-    host, and the walk back in another; only the paths come back."""
+def triton_paths(costs: Tensor, spans: Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`paths` on one CUDA device: the search in one kernel, in float64 as on the host, and
+    the walk back in another; only the paths come back. The kernels read the sizes on the
+    device, so the buffers are the padded costs' (what the host knows without waiting)."""
     import triton
 
     from engine.kernels._dtw import backtrace_kernel, dtw_kernel
 
-    device, sizes = costs[0].device, [tuple(c.shape) for c in costs]
-    most_tokens = max(n for n, _ in sizes)
-    diagonals = max(n + m for n, m in sizes)
-    inf = float("inf")
-    x = torch.full((len(costs), diagonals, most_tokens), inf, dtype=torch.float64, device=device)
-    for b, c in enumerate(costs):  # skewed: x[b, i + j, i] = c[i, j]
-        n, m = c.shape
-        i = torch.arange(n, device=device)[:, None].expand(n, m)
-        x[b, i + torch.arange(m, device=device), i] = c.double()
-    shape = (len(costs), diagonals + 2, most_tokens + 2)
-    cost = torch.full(shape, inf, dtype=torch.float64, device=device)
+    windows, most_tokens, most_frames = costs.shape
+    diagonals = most_tokens + most_frames
+    device, costs = costs.device, costs.contiguous()
+    spans = spans.to(device=device, dtype=torch.int32).contiguous()
+    shape = (windows, diagonals + 2, most_tokens + 2)
+    cost = torch.full(shape, float("inf"), dtype=torch.float64, device=device)
     cost[:, 0, 0] = 0.0
     trace = torch.full(shape, 2, dtype=torch.int8, device=device)
-    counts = torch.tensor(sizes, dtype=torch.int32, device=device)
-    grid = (len(costs),)
+    grid = (windows,)
     block = max(MIN_BLOCK, triton.next_power_of_2(most_tokens))
     dtw_kernel[grid](
-        cost, trace, x, counts, x.stride(0), x.stride(1), cost.stride(0), cost.stride(1), block
-    )
-    walked = torch.empty(len(costs), diagonals, 2, dtype=torch.int32, device=device)
-    lengths = torch.empty(len(costs), dtype=torch.int32, device=device)
+        cost, trace, costs, spans, costs.stride(0), costs.stride(1), cost.stride(0),
+        cost.stride(1), block,
+    )  # fmt: skip
+    walked = torch.empty(windows, diagonals, 2, dtype=torch.int32, device=device)
+    lengths = torch.empty(windows, dtype=torch.int32, device=device)
     backtrace_kernel[grid](
-        trace, walked, lengths, counts, trace.stride(0), trace.stride(1), walked.stride(0)
+        trace, walked, lengths, spans, trace.stride(0), trace.stride(1), walked.stride(0)
     )
     walked, lengths = walked.cpu().numpy(), lengths.tolist()
     return [tuple(walked[b, :k][::-1].T.astype(np.int64)) for b, k in enumerate(lengths)]

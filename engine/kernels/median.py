@@ -33,8 +33,8 @@ def median_filter(x: Tensor, width: int, triton: bool = False) -> Tensor:
 
 def torch_median_filter(x: Tensor, width: int) -> Tensor:
     pad = width // 2
-    x = F.pad(x, (pad, pad), mode="reflect")
-    return x.unfold(-1, width, 1).sort()[0][..., pad]
+    rows = F.pad(x.reshape(-1, x.shape[-1]), (pad, pad), mode="reflect")  # of any rank
+    return rows.unfold(-1, width, 1).sort()[0][..., pad].view(x.shape)
 
 
 def triton_median_filter(x: Tensor) -> Tensor:

@@ -67,6 +67,35 @@ def test_the_median_filter_reflects_at_the_edges():
     assert torch.equal(median_filter(short, 7), short)  # too short to filter
 
 
+def test_a_pass_weighs_each_window_as_it_would_alone():
+    """The pass's windows padded to the longest, in one set of operations: each window's
+    weights as openai-whisper's steps give them for it alone, whatever its tokens and frames
+    (three and fewer frames: too few to reflect, left unfiltered)."""
+    g = torch.Generator().manual_seed(3)
+    rows, frames = [12, 7, 5, 9, 2], [40, 17, 3, 2, 4]
+    qk = torch.randn(len(rows), 3, max(rows), 50, generator=g) * 4
+    qk[1, :, 7:] = float("nan")  # past a window's tokens: never read
+    batched = timing.alignment_weights(qk, torch.tensor(rows), torch.tensor(frames), max(frames))
+    for k, (n, f) in enumerate(zip(rows, frames, strict=True)):
+        a = qk[k, :, :n, :f].softmax(dim=-1)
+        std, mean = torch.std_mean(a, dim=-2, keepdim=True, unbiased=False)
+        alone = median_filter((a - mean) / std, 7).mean(dim=0)
+        torch.testing.assert_close(batched[k, :n, :f], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pass_reads_each_text_tokens_probability_as_it_would_alone():
+    g = torch.Generator().manual_seed(4)
+    eot, width = 30, 9
+    logits = torch.randn(3, width, 32, generator=g)
+    tokens = torch.randint(0, eot + 2, (3, width), generator=g)
+    ours = timing.token_probabilities(logits, tokens, eot)
+    for k in range(3):
+        for r in range(width - 1):
+            if tokens[k, r + 1] < eot:
+                alone = logits[k, r, :eot].softmax(dim=-1)[tokens[k, r + 1]]
+                torch.testing.assert_close(ours[k, r], alone)
+
+
 def test_words_split_at_spaces_and_keep_their_punctuation(tiny_en):
     tok = tiny_en.engine.loaded.tokenizer
     tokens = tok.encode(' "Well," she said (quietly), it\'s done.')
