@@ -4,6 +4,7 @@ through the engine's stream (the interface the workers drive) with `vad` off, on
 
     python scripts/voice_bench.py [--audio-dir ../shared/audio/dev] [--device cuda]
         [--model tiny.en] [--copies 16] [--runs 3] [--json out.json]
+        [--rows vad-off,no-silero,vad-on,words,diarize,chunked-off,chunked-on,alone]
 
 The recording: the dev set's English clips one after another, each followed by room tone half
 as long as itself, so that one third of it is without speech (about 8 minutes); `--copies`
@@ -36,6 +37,9 @@ Then the alignment passes of word timestamps, in the stream and as a worker: one
 each, not timed as a row, with each `Aligner.align` call timed (the stepping thread's CUDA
 stream synchronised before and after): passes, windows a pass, the time in them (staggered
 inputs, as a worker's jobs arrive, finish their windows apart: more passes of fewer windows).
+
+`--rows` runs some of them (the same names; `alone`: VAD and diarization alone, and the first
+passes): a device call of ten minutes holds the rows of one question, for two versions.
 
 Then what they add to the transcription, in the stream, as a share of the one without Silero:
 Silero's, the transcription with vad off less the one without Silero (every long input's first
@@ -81,6 +85,17 @@ DEAF = "transcription without Silero (vad off)"
 WORDS = "word timestamps (vad on)"
 DIARIZED = "with diarize"
 AS_WORKER = "as a worker: "
+VAD_ALONE = "VAD alone (first passes at once, own streams)"
+DIARIZATION_ALONE = "diarization alone (from the speech)"
+RUNS = {  # --rows: the name -> the row, its options, and whether Silero hears
+    "vad-off": (VAD_OFF, TranscriptionOptions(vad=False), True),
+    "no-silero": (DEAF, TranscriptionOptions(vad=False), False),
+    "vad-on": ("transcription, vad on", TranscriptionOptions(vad=True), True),
+    "words": (WORDS, TranscriptionOptions(vad=True, word_timestamps=True), True),
+    "diarize": (DIARIZED, TranscriptionOptions(diarize=SpeakerCount()), True),
+    "chunked-off": ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False), True),
+    "chunked-on": ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True), True),
+}
 
 
 def synced(run):
@@ -101,7 +116,11 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--rows", default=",".join([*RUNS, "alone"]))
     args = parser.parse_args()
+    chosen = args.rows.split(",")
+    if unknown := set(chosen) - {*RUNS, "alone"}:
+        parser.error(f"unknown rows: {', '.join(sorted(unknown))}")
 
     made = third_silence(read_manifest(args.audio_dir / "manifest.jsonl"))
     samples, reference = made.samples, made.reference
@@ -118,16 +137,8 @@ def main() -> int:
         f"{args.copies} x {seconds:.0f} s ({speech / seconds:.0%} speech by VAD), "
         f"median (range) of {args.runs} runs\n"
     )
-    rows, out = {}, {}
-    runs = (
-        (VAD_OFF, TranscriptionOptions(vad=False), True),
-        (DEAF, TranscriptionOptions(vad=False), False),
-        ("transcription, vad on", TranscriptionOptions(vad=True), True),
-        (WORDS, TranscriptionOptions(vad=True, word_timestamps=True), True),
-        (DIARIZED, TranscriptionOptions(diarize=SpeakerCount()), True),
-        ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False), True),
-        ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True), True),
-    )
+    rows, out, passes = {}, {}, {}
+    runs = [run for name, run in RUNS.items() if name in chosen]
     for name, options, hears in runs:
         with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
             synced(lambda o=options: stream.transcribe(items[:1], o))()  # its first-time costs
@@ -139,7 +150,12 @@ def main() -> int:
         rows[name] = times
         out[name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
         out[name]["windows"] = windows
-        print(f"  {name}: WER {wer:.1%}, {windows} windows a run", file=sys.stderr)
+        print(
+            f"  {name}: {spread(times)} s, WER {wer:.1%}, {windows} windows a run", file=sys.stderr
+        )
+    words = RUNS["words"][1]
+    if "words" in chosen:  # before the batcher, whose thread would step the stream too
+        passes["in the stream"] = _alignment_passes(lambda: stream.transcribe(items, words))
 
     # as a worker's jobs meet the stream: each input handed over once its own first pass is
     # done, decoded beside the others' first passes (`transcribe` waits for them all)
@@ -154,31 +170,13 @@ def main() -> int:
         wer = word_error_rate([reference], [results[0].text])
         rows[AS_WORKER + name] = times
         out[AS_WORKER + name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
-    words = next(options for name, options, _ in runs if name == WORDS)
-    passes = {
-        "in the stream": _alignment_passes(lambda: stream.transcribe(items, words)),
-        "as a worker": _alignment_passes(lambda: _as_worker(stream, batcher, items, words)),
-    }
+        print(f"  {AS_WORKER}{name}: {spread(times)} s, WER {wer:.1%}", file=sys.stderr)
+    if "words" in chosen:
+        passes["as a worker"] = _alignment_passes(lambda: _as_worker(stream, batcher, items, words))
     batcher.close(wait=True)
-
-    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
-        _, vad_times = timed(synced(lambda: list(pool.map(_own_vad(device), items))), args.runs)
-    _, serial_times = timed(synced(lambda: [_vad(x, device) for x in items]), args.runs)
-    recordings = [Recording([x], seconds, regions) for x in items]
-    triton = stream.engine.triton  # the embedder's kernels, as the stream's diarizer runs it
-    _, diarize_times = timed(
-        synced(lambda: speaker_turns(recordings, device, triton=triton)), args.runs
-    )
-    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
-        _, heard = timed(synced(lambda: list(pool.map(stream.prepare, items))), args.runs)
-        with mock.patch.object(inputs, "Detector", _Deaf):
-            _, unheard = timed(synced(lambda: list(pool.map(stream.prepare, items))), args.runs)
-    rows["VAD alone (first passes at once, own streams)"] = vad_times
-    rows["VAD alone (one after another, default stream)"] = serial_times
-    rows["diarization alone (from the speech)"] = diarize_times
-    rows["first passes (`prepare`), with Silero"] = heard
-    rows["first passes (`prepare`), without"] = unheard
-    base = statistics.median(rows[DEAF])
+    if "alone" in chosen:
+        rows.update(_alone(stream, items, seconds, regions, device, args.runs))
+    base = statistics.median(rows[DEAF]) if DEAF in rows else None
 
     print(
         "| run | seconds | audio s per second | share of the transcription without Silero | WER |"
@@ -186,12 +184,16 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for name, times in rows.items():
         rtfx = spread([audio / t for t in times], 0)
-        share = f"{statistics.median(times) / base:.1%}"
+        share = f"{statistics.median(times) / base:.1%}" if base else "—"
         wer = f"{out[name]['wer']:.1%}" if name in out else "—"
         print(f"| {name} | {spread(times)} | {rtfx} | {share} | {wer} |")
-    together = (statistics.median(vad_times) + statistics.median(diarize_times)) / base
-    print(f"\nVAD and diarization alone together: {together:.1%} of the transcription's time")
+    if base and "alone" in chosen:
+        vad, diarization = (statistics.median(rows[k]) for k in (VAD_ALONE, DIARIZATION_ALONE))
+        together = (vad + diarization) / base
+        print(f"\nVAD and diarization alone together: {together:.1%} of the transcription's time")
     for prefix, said in (("", "in the stream"), (AS_WORKER, "as a worker")):
+        if not all(prefix + k in rows for k in (VAD_OFF, DEAF, WORDS, DIARIZED)):
+            continue
         median = {k: statistics.median(rows[prefix + k]) for k in (VAD_OFF, DEAF, WORDS, DIARIZED)}
         plain = median[DEAF]
         silero, speakers = median[VAD_OFF] - plain, median[DIARIZED] - median[WORDS]
@@ -211,11 +213,32 @@ def main() -> int:
         )
     if args.json:
         out.update(passes=passes)
-        out.update(vad=vad_times, vad_serial=serial_times, diarization=diarize_times)
-        out.update(prepare_heard=heard, prepare_unheard=unheard)
+        out.update({name: times for name, times in rows.items() if name not in out})
         out.update(audio_s=audio, speech=speech)
         args.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _alone(stream, items, seconds, regions, device, runs) -> dict[str, list[float]]:
+    """The rows of VAD and diarization alone, and of the first passes with and without
+    Silero: name -> seconds of each run."""
+    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
+        _, vad_times = timed(synced(lambda: list(pool.map(_own_vad(device), items))), runs)
+    _, serial_times = timed(synced(lambda: [_vad(x, device) for x in items]), runs)
+    recordings = [Recording([x], seconds, regions) for x in items]
+    triton = stream.engine.triton  # the embedder's kernels, as the stream's diarizer runs it
+    _, diarize_times = timed(synced(lambda: speaker_turns(recordings, device, triton=triton)), runs)
+    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
+        _, heard = timed(synced(lambda: list(pool.map(stream.prepare, items))), runs)
+        with mock.patch.object(inputs, "Detector", _Deaf):
+            _, unheard = timed(synced(lambda: list(pool.map(stream.prepare, items))), runs)
+    return {
+        VAD_ALONE: vad_times,
+        "VAD alone (one after another, default stream)": serial_times,
+        DIARIZATION_ALONE: diarize_times,
+        "first passes (`prepare`), with Silero": heard,
+        "first passes (`prepare`), without": unheard,
+    }
 
 
 def _as_worker(
