@@ -86,13 +86,18 @@ def first_gap(
     end: float,
 ) -> float | None:
     """Where the first stretch of UNCOVERED_S seconds of speech in [start, end) that nothing
-    in `covered` overlaps begins (seconds), or None."""
+    in `covered` overlaps begins (seconds), or None. (Asked of every window decoded with its
+    words' times: one sweep of the speech and the covered time in order.)"""
     stretch: list[float] | None = None  # [begin, end, seconds of speech]
-    for s, e in speech:
+    merged = _merged(covered)
+    ends = [e for _, e in merged]
+    for s, e in speech[bisect_right([e for _, e in speech], start) :]:
         s, e = max(s, start), min(e, end)
         if e <= s:
+            if s >= end:
+                break
             continue
-        for piece_start, piece_end in _minus(s, e, covered):
+        for piece_start, piece_end in _minus(s, e, merged, ends):
             if stretch is None or piece_start - stretch[1] > BRIDGE_S:
                 stretch = [piece_start, piece_end, 0.0]
             stretch[1] = piece_end
@@ -102,18 +107,30 @@ def first_gap(
     return None
 
 
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of the intervals, as disjoint ones in order."""
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        elif e > s:
+            out.append((s, e))
+    return out
+
+
 def _minus(
-    start: float, end: float, covered: list[tuple[float, float]]
+    start: float, end: float, merged: list[tuple[float, float]], ends: list[float]
 ) -> list[tuple[float, float]]:
-    """[start, end) less the intervals in `covered`."""
-    pieces = [(start, end)]
-    for c_start, c_end in covered:
-        pieces = [
-            part
-            for p_start, p_end in pieces
-            for part in ((p_start, min(p_end, c_start)), (max(p_start, c_end), p_end))
-            if part[1] > part[0]
-        ]
+    """[start, end) less the disjoint intervals `merged` (in order, ending at `ends`)."""
+    pieces, at = [], start
+    for c_start, c_end in merged[bisect_right(ends, start) :]:
+        if c_start >= end:
+            break
+        if c_start > at:
+            pieces.append((at, c_start))
+        at = max(at, c_end)
+    if end > at:
+        pieces.append((at, end))
     return pieces
 
 

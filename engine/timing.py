@@ -235,17 +235,20 @@ def split_words(
 
 def _split_on_unicode(tokenizer: Tokenizer, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
     """The tokens cut wherever what they decode to so far is whole characters."""
-    full, replacement = tokenizer.decode(tokens), "\ufffd"
+    full, replacement = None, "\ufffd"
     words, groups, current, offset = [], [], [], 0
     for token in tokens:
         current.append(token)
-        decoded = tokenizer.decode(current)
-        at = offset + decoded.find(replacement)
-        if replacement not in decoded or full[at : at + 1] == replacement:
-            words.append(decoded)
-            groups.append(current)
-            current = []
-            offset += len(decoded)
+        decoded = tokenizer.text_of(token) if len(current) == 1 else tokenizer.decode(current)
+        if replacement in decoded:  # part of a character, or the text's own U+FFFD
+            full = tokenizer.decode(tokens) if full is None else full
+            at = offset + decoded.find(replacement)
+            if full[at : at + 1] != replacement:
+                continue
+        words.append(decoded)
+        groups.append(current)
+        current = []
+        offset += len(decoded)
     return words, groups
 
 

@@ -91,3 +91,15 @@ class Tokenizer:
     def decode(self, tokens: list[int]) -> str:
         """Text of the tokens below `eot`; special and timestamp tokens are dropped."""
         return self.bpe.decode([t for t in tokens if t < self.eot])
+
+    def text_of(self, token: int) -> str:
+        """One token's own text, as `decode` gives it, kept once asked: word timestamps ask it
+        of every token of every window, in the stepping thread."""
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.decode([token])
+        return text
+
+    @cached_property
+    def _texts(self) -> dict[int, str]:
+        return {}

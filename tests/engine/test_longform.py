@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import TranscriptionOptions
-from engine.longform import LEAD_IN_S, UNCOVERED_S, SequentialRequest
+from engine.longform import BRIDGE_S, LEAD_IN_S, UNCOVERED_S, SequentialRequest, first_gap
 from engine.mel import log_mel_spectrogram
 from tests.conftest import DATA, transcribe
 from tools.longform import Run, rule_recordings, wer, widest_gap, window_log, with_regions
@@ -185,3 +185,43 @@ def test_a_window_timed_to_look_for_skipped_speech_gives_its_segments_their_word
     assert first_window(timed) != first_window(plain)
     assert all(s.words is None for s in timed)
     assert [s.text for s in timed] == [s.text for s in plain]
+
+
+def test_the_first_gap_in_speech_is_found_in_one_sweep():
+    """`first_gap` as it was first written, each covered interval taken out of each piece of
+    speech in turn: the same answer on random speech and covered intervals, overlapping and
+    out of order as words with their slack are."""
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        cuts = np.sort(rng.choice(np.arange(0, 4000), 2 * int(rng.integers(1, 12)), replace=False))
+        speech = [(a / 100, b / 100) for a, b in cuts.reshape(-1, 2)]
+        covered = [
+            (a / 100, (a + int(rng.integers(0, 300))) / 100)
+            for a in rng.integers(0, 4000, int(rng.integers(0, 30)))
+        ]
+        start, end = sorted(rng.integers(0, 4000, 2) / 100)
+        assert first_gap(speech, covered, start, end) == _first_gap(speech, covered, start, end)
+
+
+def _first_gap(speech, covered, start, end):
+    stretch = None  # [begin, end, seconds of speech]
+    for s, e in speech:
+        s, e = max(s, start), min(e, end)
+        if e <= s:
+            continue
+        pieces = [(s, e)]
+        for c_start, c_end in covered:
+            pieces = [
+                part
+                for p_start, p_end in pieces
+                for part in ((p_start, min(p_end, c_start)), (max(p_start, c_end), p_end))
+                if part[1] > part[0]
+            ]
+        for piece_start, piece_end in pieces:
+            if stretch is None or piece_start - stretch[1] > BRIDGE_S:
+                stretch = [piece_start, piece_end, 0.0]
+            stretch[1] = piece_end
+            stretch[2] += piece_end - piece_start
+            if stretch[2] >= UNCOVERED_S:
+                return stretch[0]
+    return None

@@ -67,15 +67,21 @@ def test_the_median_filter_reflects_at_the_edges():
     assert torch.equal(median_filter(short, 7), short)  # too short to filter
 
 
-def test_a_pass_weighs_each_window_as_it_would_alone():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_pass_weighs_each_window_as_it_would_alone(device):
     """The pass's windows padded to the longest, in one set of operations: each window's
     weights as openai-whisper's steps give them for it alone, whatever its tokens and frames
-    (three and fewer frames: too few to reflect, left unfiltered)."""
+    (three and fewer frames: too few to reflect, left unfiltered); on CUDA with the median
+    filter's kernel."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
     g = torch.Generator().manual_seed(3)
     rows, frames = [12, 7, 5, 9, 2], [40, 17, 3, 2, 4]
     qk = torch.randn(len(rows), 3, max(rows), 50, generator=g) * 4
     qk[1, :, 7:] = float("nan")  # past a window's tokens: never read
-    batched = timing.alignment_weights(qk, torch.tensor(rows), torch.tensor(frames), max(frames))
+    on = torch.device(device)
+    sizes = (torch.tensor(rows, device=on), torch.tensor(frames, device=on))
+    batched = timing.alignment_weights(qk.to(on), *sizes, max(frames), device == "cuda").cpu()
     for k, (n, f) in enumerate(zip(rows, frames, strict=True)):
         a = qk[k, :, :n, :f].softmax(dim=-1)
         std, mean = torch.std_mean(a, dim=-2, keepdim=True, unbiased=False)
