@@ -45,7 +45,7 @@ from engine.options import OptionsError, TranscriptionOptions
 from engine.result import Transcription
 from engine.runner import DecodedWindow, Runner
 from engine.slots import Sequence as Slotted
-from engine.timing import Aligned, Aligner, TokenTimes
+from engine.timing import Aligned, Aligner, PendingTimes, TokenTimes
 from engine.vad import clip_probabilities, speech_regions
 
 if TYPE_CHECKING:
@@ -163,6 +163,8 @@ class Stream(Streaming):
         self.stats = StreamStats()
         self._runner: Runner = engine.runner()
         self._aligner: Aligner | None = None  # once an input asks for word timestamps
+        # the windows decoded last step, whose words are being timed: taken this step
+        self._timing: tuple[list[DecodedWindow], PendingTimes] | None = None
         self._inputs: dict[Hashable, _Input] = {}  # every input not yet handed back
         self._arrivals = itertools.count()
         self._new: list[_Input] = []  # submitted, source not yet opened
@@ -229,6 +231,7 @@ class Stream(Streaming):
         self._waiting.clear()
         self._asking.clear()
         self._decoded.clear()
+        self._timing = None
         self._diarizing = None  # what is being found is dropped as it ends
 
     def shrink(self) -> bool:
@@ -243,9 +246,10 @@ class Stream(Streaming):
 
     @torch.inference_mode()
     def step(self) -> list[Finished]:
-        """Launch decode steps, admit ready windows while the GPU runs them, then hand back the
-        inputs whose last window was decoded (and whose speakers were found, if they asked),
-        and those whose speakers were found after it."""
+        """Launch decode steps, take the windows whose words were being timed, admit ready
+        windows while the GPU runs them, then hand back the inputs whose last window was
+        decoded (and whose speakers were found, if they asked), and those whose speakers were
+        found after it."""
         runner = self._runner
         start = time.perf_counter()
         self._open()
@@ -255,9 +259,16 @@ class Stream(Streaming):
         opened = time.perf_counter()
         runner.launch()  # the GPU decodes while the host admits ready windows
         launched = time.perf_counter()
+        timed, self._timing = self._timing, None
+        if timed is not None:  # their pass ran ahead of this step's decoding
+            windows, pending = timed
+            self._accept(windows, pending.result(), finished)
         windows = self._admit()
         admitted = time.perf_counter()
         if runner.n_live == 0:
+            if timed is not None:  # the last windows timed; their inputs' next, if any, next
+                runner.compact()
+                return self._hand_back(finished, 0.0)
             raise RuntimeError("no window is ready, yet some inputs are not done")
         decoded = runner.collect()
         self.stats += StreamStats(
@@ -273,20 +284,38 @@ class Stream(Streaming):
                 runner.restart(d.slot, entry.request.task(window, retry), retry)
             else:
                 done.append(d)
-        times = self._time_tokens(done)  # while their slots hold their cross-attention K/V
+        # words to time: their pass reads their slots' cross-attention K/V as it is launched
+        # (the slots may take other windows after), and the windows are taken next step
+        pending = self._time_tokens(done)
         for d in done:
-            entry, window = d.sequence.owner
-            r = entry.request
             runner.release(d.slot)
-            r.accept(window, d.result, times.get(d.slot))
+        if pending is not None:
+            self._timing = (done, pending)
+        else:
+            self._accept(done, [None] * len(done), finished)
+        runner.compact()
+        return self._hand_back(finished, 0.0)
+
+    def _accept(
+        self,
+        done: list[DecodedWindow],
+        times: list[TokenTimes | None],
+        finished: list[_Input],
+    ) -> None:
+        """Each decoded window to its request (with its text's times, if timed); the inputs
+        done go to `finished`, the others are polled for their next windows."""
+        for d, window_times in zip(done, times, strict=True):
+            entry, window = d.sequence.owner
+            if self._inputs.get(entry.owner) is not entry:  # aborted meanwhile
+                continue
+            r = entry.request
+            r.accept(window, d.result, window_times)
             if entry.progress:
                 entry.progress(r.done_seconds, r.source.duration)
             if r.done:
                 finished.append(entry)
             else:
                 self._poll(entry)
-        runner.compact()
-        return self._hand_back(finished, 0.0)
 
     def _hand_back(self, finished: list[_Input], wait_s: float) -> list[Finished]:
         """The results of the decoded inputs whose speakers are found or not asked for (the
@@ -424,25 +453,26 @@ class Stream(Streaming):
         )
         return len(batch)
 
-    def _time_tokens(self, done: list[DecodedWindow]) -> dict[int, TokenTimes | None]:
-        """slot -> the times of its window's text tokens, for the finished windows of inputs
-        that ask for word timestamps (or whose requests want them: a window that may have
-        skipped speech): the text the window adds, timed in one pass."""
+    def _time_tokens(self, done: list[DecodedWindow]) -> PendingTimes | None:
+        """The times of the finished windows' text tokens, for the windows of inputs that ask
+        for word timestamps (or whose requests want them: a window that may have skipped
+        speech), in order of `done` (None for the others): the text each window adds, timed
+        in one pass, launched. None if no window asks."""
         asking, eot = [], self.engine.loaded.tokenizer.eot
         for d in done:
             entry, window = d.sequence.owner
+            tokens = []
             if entry.options.word_timestamps or entry.request.wants_times(window, d.result):
                 pieces, _ = entry.request.pieces(window, d.result)
                 tokens = [t for *_, piece_tokens in pieces for t in piece_tokens if t < eot]
-                task = d.sequence.task
-                asking.append(Aligned(d.slot, tokens, task.language, task.task, window.size))
-        if not asking:
-            return {}
+            task = d.sequence.task
+            asking.append(Aligned(d.slot, tokens, task.language, task.task, window.size))
+        if not any(a.tokens for a in asking):
+            return None
         if self._aligner is None:
             self._aligner = Aligner(self.engine.loaded, self.engine.triton)
-        timed = self._aligner.align(self._runner.slots.cache, asking)
-        self.stats += StreamStats(timed=len(asking))
-        return {a.slot: times for a, times in zip(asking, timed, strict=True)}
+        self.stats += StreamStats(timed=sum(bool(a.tokens) for a in asking))
+        return self._aligner.launch(self._runner.slots.cache, asking)
 
     @torch.inference_mode()
     def _diarized(self, entries: list[_Input]) -> list[list[Turn]]:

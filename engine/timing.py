@@ -13,6 +13,10 @@ boundaries.
 
 Windows that do not ask pay nothing: the pass runs, outside the CUDA graphs, only for the
 windows of inputs that ask, after their last decode step and before their slots are freed.
+It is launched and not waited for (`Aligner.launch`): the stream reads the times back a step
+later, once the next decode step is launched behind it, so the host does not wait for the
+device between the two (for tiny.en a pass cost some 8 ms of the stepping thread, most of
+it waiting).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from engine.kernels.dtw import paths
+from engine.kernels.dtw import host_paths, search, walked_back
 from engine.kernels.median import median_filter
 from engine.loader import LoadedModel
 from engine.mel import FRAMES_PER_SECOND
@@ -104,10 +108,10 @@ class Aligner:
         self.heads = alignment_heads(loaded)
 
     @torch.inference_mode()
-    def align(self, cache: KVCache, windows: list[Aligned]) -> list[TokenTimes | None]:
-        """Each window's token times (None: no text): decoder passes over as many of them at
-        once as `PASS_BYTES` of kept weights allows, then the path search on the host."""
-        timed: list[TokenTimes | None] = [None] * len(windows)
+    def launch(self, cache: KVCache, windows: list[Aligned]) -> PendingTimes:
+        """Launch the windows' passes, as many at once as `PASS_BYTES` allows; their times
+        come back through `PendingTimes.result`. What the passes read of `cache` is copied
+        when they are launched: the windows' slots may take other windows after."""
         todo = [i for i, w in enumerate(windows) if w.tokens]
         d = self.m.dims
         n_heads = sum(map(len, self.heads.values()))
@@ -116,13 +120,13 @@ class Aligner:
         # layer's attention in the decoder pass
         per_window = 4 * (3 * n_heads + d.n_text_head) * longest * d.n_audio_ctx
         group = max(1, PASS_BYTES // per_window)
+        passes = []
         for at in range(0, len(todo), group):
             part = todo[at : at + group]
-            for i, times in zip(part, self._pass(cache, [windows[i] for i in part]), strict=True):
-                timed[i] = times
-        return timed
+            passes.append((part, self._pass(cache, [windows[i] for i in part])))
+        return PendingTimes(len(windows), passes, _recorded(self.m.device))
 
-    def _pass(self, cache: KVCache, windows: list[Aligned]) -> list[TokenTimes]:
+    def _pass(self, cache: KVCache, windows: list[Aligned]) -> _Launched:
         """One decoder pass over the windows' texts, then every step after it for all of them
         at once, padded to the longest: a pass's kernels do not grow with its windows (the
         stepping thread launches them, and a worker's passes are many and small)."""
@@ -131,9 +135,9 @@ class Aligner:
         rows = [s + w.tokens + [tok.eot] for s, w in zip(starts, windows, strict=True)]
         width = max(map(len, rows))
         frames = [max(1, min(w.n_frames // 2, d.n_audio_ctx)) for w in windows]
-        # one copy to the device, which waits for it: each row's tokens, then its slot and
-        # sizes (its rows; the row that predicts its first word, its text tokens and
-        # end-of-text, its frames: the span of its cost matrix)
+        # one copy to the device (the stream has just been waited for): each row's tokens,
+        # then its slot and sizes (its rows; the row that predicts its first word, its text
+        # tokens and end-of-text, its frames: the span of its cost matrix)
         packed = torch.tensor(
             [
                 r
@@ -161,12 +165,73 @@ class Aligner:
         costs = -alignment_weights(qk, sizes[:, 0], sizes[:, 3], max(frames), self.triton)
         # each text token's probability: the next token's, from each row that predicts one
         probabilities = token_probabilities(logits, tokens, tok.eot)
-        found = paths(costs, sizes[:, 1:], self.triton)  # waits for the device
-        host_p = probabilities.cpu().numpy()
+        spans, searched = sizes[:, 1:], self.triton and costs.is_cuda
+        found = _to_host(*search(costs, spans)) if searched else _to_host(costs.double(), spans)
+        texts = [(len(s) - 1, len(w.tokens)) for s, w in zip(starts, windows, strict=True)]
+        return _Launched(found, searched, _to_host(probabilities)[0], texts)
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """One pass's results on their way to the host: the paths searched on the device (walked,
+    lengths), or else the costs to search on the host (costs, spans); each row's
+    probabilities; each window's (first row, text tokens)."""
+
+    found: tuple[Tensor, Tensor]
+    searched: bool
+    probabilities: Tensor
+    texts: list[tuple[int, int]]
+
+    def times(self) -> list[TokenTimes]:
+        a, b = (t.numpy() for t in self.found)
+        found = walked_back(a, b) if self.searched else host_paths(a, b)
+        p = self.probabilities.numpy()
         return [
-            TokenTimes.of(path, host_p[k, len(s) - 1 : len(s) - 1 + len(w.tokens)])
-            for k, (path, s, w) in enumerate(zip(found, starts, windows, strict=True))
+            TokenTimes.of(path, p[k, first : first + n])
+            for k, (path, (first, n)) in enumerate(zip(found, self.texts, strict=True))
         ]
+
+
+class PendingTimes:
+    """The token times of windows whose passes were launched."""
+
+    def __init__(
+        self,
+        n_windows: int,
+        passes: list[tuple[list[int], _Launched]],
+        done: torch.cuda.Event | None,
+    ):
+        self.n_windows, self.passes, self.done = n_windows, passes, done
+
+    def result(self) -> list[TokenTimes | None]:
+        """Each window's token times (None: no text), once the device has them."""
+        if self.done is not None:
+            self.done.synchronize()
+        timed: list[TokenTimes | None] = [None] * self.n_windows
+        for part, launched in self.passes:
+            for i, times in zip(part, launched.times(), strict=True):
+                timed[i] = times
+        return timed
+
+
+def _to_host(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Copies on their way to the host's pinned memory (CUDA), not waited for."""
+    if not tensors[0].is_cuda:
+        return tensors
+    out = []
+    for t in tensors:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.append(host.copy_(t, non_blocking=True))
+    return tuple(out)
+
+
+def _recorded(device: torch.device) -> torch.cuda.Event | None:
+    """An event after the work launched so far on the current CUDA stream (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def alignment_weights(

@@ -256,24 +256,25 @@ def _as_worker(
 
 
 def _alignment_passes(run) -> list[tuple[int, float]]:
-    """(windows, seconds) of each alignment of one more `run` (`Aligner.align`: the windows a
-    step finished, in one pass unless they hold more than PASS_BYTES), each timed with the
-    calling thread's CUDA stream synchronised before and after it."""
-    found, align = [], Aligner.align
+    """(windows timed, seconds) of each alignment of one more `run` (`Aligner.launch`: the
+    windows a step finished, in one pass unless they hold more than PASS_BYTES), each timed
+    with the calling thread's CUDA stream synchronised before and after it: what the pass
+    costs the device and the host together (as it runs, the stream does not wait for it)."""
+    found, launch = [], Aligner.launch
 
     def sync():
         if torch.cuda.is_available():
             torch.cuda.current_stream().synchronize()
 
-    def timed_align(self, cache, windows):
+    def timed_launch(self, cache, windows):
         sync()
         start = time.perf_counter()
-        times = align(self, cache, windows)
+        pending = launch(self, cache, windows)
         sync()
-        found.append((len(windows), time.perf_counter() - start))
-        return times
+        found.append((sum(bool(w.tokens) for w in windows), time.perf_counter() - start))
+        return pending
 
-    with mock.patch.object(Aligner, "align", timed_align):
+    with mock.patch.object(Aligner, "launch", timed_launch):
         run()
     return found
 

@@ -20,17 +20,12 @@ from torch import Tensor
 MIN_BLOCK = 32
 
 
-def paths(
-    costs: Tensor, spans: Tensor, triton: bool = False
-) -> list[tuple[np.ndarray, np.ndarray]]:
+def host_paths(costs: np.ndarray, spans: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """The cheapest path through each window's (tokens, frames) cost matrix, as (token
-    indices, frame indices) in order. costs: (windows, rows, frames), every window's matrix
-    padded to the longest; spans: (windows, 3) integers, each window's first row, rows and
-    frames. triton: one kernel for all of them (on CUDA), else numpy's rows."""
-    if triton and costs.is_cuda:
-        return triton_paths(costs, spans)
-    host = costs.double().cpu().numpy()
-    return [dtw(host[b, f : f + n, :m]) for b, (f, n, m) in enumerate(spans.tolist())]
+    indices, frame indices) in order, with numpy's rows. costs: (windows, rows, frames), every
+    window's matrix padded to the longest; spans: (windows, 3), each window's first row, rows
+    and frames."""
+    return [dtw(costs[b, f : f + n, :m]) for b, (f, n, m) in enumerate(spans.tolist())]
 
 
 def dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,10 +64,11 @@ def backtrace(trace: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tokens, frames
 
 
-def triton_paths(costs: Tensor, spans: Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`paths` on one CUDA device: the search in one kernel, in float64 as on the host, and
-    the walk back in another; only the paths come back. The kernels read the sizes on the
-    device, so the buffers are the padded costs' (what the host knows without waiting)."""
+def search(costs: Tensor, spans: Tensor) -> tuple[Tensor, Tensor]:
+    """`host_paths` on one CUDA device, launched and not waited for: the search in one kernel,
+    in float64 as on the host, and the walk back in another. Returns (walked, lengths) on the
+    device, for `walked_back`. The kernels read the sizes on the device, so the buffers are
+    the padded costs' (what the host knows without waiting)."""
     import triton
 
     from engine.kernels._dtw import backtrace_kernel, dtw_kernel
@@ -96,5 +92,9 @@ def triton_paths(costs: Tensor, spans: Tensor) -> list[tuple[np.ndarray, np.ndar
     backtrace_kernel[grid](
         trace, walked, lengths, spans, trace.stride(0), trace.stride(1), walked.stride(0)
     )
-    walked, lengths = walked.cpu().numpy(), lengths.tolist()
-    return [tuple(walked[b, :k][::-1].T.astype(np.int64)) for b, k in enumerate(lengths)]
+    return walked, lengths
+
+
+def walked_back(walked: np.ndarray, lengths: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The paths of `search`, read back: each in order from its first cell."""
+    return [tuple(walked[b, :k][::-1].T.astype(np.int64)) for b, k in enumerate(lengths.tolist())]

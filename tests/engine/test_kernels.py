@@ -27,7 +27,7 @@ from engine.kernels.dense import (  # noqa: E402
     triton_bn_relu_linear,
     triton_gated_conv,
 )
-from engine.kernels.dtw import dtw, triton_paths  # noqa: E402
+from engine.kernels.dtw import dtw, search, walked_back  # noqa: E402
 from engine.kernels.fp8 import torch_rowwise_fp8, triton_rowwise_fp8  # noqa: E402
 from engine.kernels.greedy import GreedyRules  # noqa: E402
 from engine.kernels.linear import (  # noqa: E402
@@ -70,7 +70,8 @@ def test_the_dtw_kernel_finds_the_hosts_paths(shapes):
         for b, (f, c) in enumerate(zip(firsts, costs, strict=True)):
             padded[b, f : f + c.shape[0], : c.shape[1]] = torch.from_numpy(c)
         spans = torch.tensor([(f, *s) for f, s in zip(firsts, shapes, strict=True)])
-        found = triton_paths(padded.to(DEVICE), spans.to(DEVICE))
+        walked, lengths = search(padded.to(DEVICE), spans.to(DEVICE))
+        found = walked_back(walked.cpu().numpy(), lengths.cpu().numpy())
         for cost, ours in zip(costs, found, strict=True):
             theirs = dtw(cost.astype(np.float64))
             assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])

@@ -163,6 +163,24 @@ def test_a_windows_words_are_the_same_alone_or_batched(tiny_en, clips, monkeypat
     assert tiny_en.transcribe(batch, OPTIONS) == together
 
 
+def test_an_input_aborted_while_its_words_are_timed_never_comes_back(tiny_en, clips):
+    """A window's words are timed in a pass the stream takes a step later: an input aborted
+    in between is dropped then, and the others' words are what they are alone. (The first
+    clip's 17 words end before JFK's 22.)"""
+    other = clips["en_jfk"].bytes
+    tiny_en.submit("gone", tiny_en.prepare(clips["en_librispeech_1272-128104-0000"].bytes), OPTIONS)
+    tiny_en.submit("kept", tiny_en.prepare(other), OPTIONS)
+    before = tiny_en.stats.timed
+    while tiny_en.stats.timed == before:  # a pass launched: its windows wait for the next step
+        assert tiny_en.step() == []
+    assert tiny_en.abort("gone")
+    finished = []
+    while tiny_en.busy:
+        finished += tiny_en.step()
+    assert [f.owner for f in finished] == ["kept"]
+    assert finished[0].transcription.words == transcribe(tiny_en, other, OPTIONS).words
+
+
 @pytest.mark.parametrize("mode", ["sequential", "chunked"])
 def test_the_words_of_long_audio_follow_the_segments_they_are_in(tiny_en, clips, mode):
     """Three windows and more: each segment's words spell its text, in order, inside it."""
