@@ -6,6 +6,8 @@ benchmarks run on a GPU machine without the stack's.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +24,25 @@ def timed(run, runs: int, desc: str | None = None) -> tuple[object, list[float]]
         result = run()
         seconds.append(time.perf_counter() - start)
     return result, seconds
+
+
+@contextlib.contextmanager
+def gc_pauses():
+    """Python's garbage collections while in it, as (generation, seconds) pairs: a full
+    collection stops every thread of the process, the stepping thread's too."""
+    pauses, started = [], []
+
+    def record(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append((info["generation"], time.perf_counter() - started.pop()))
+
+    gc.callbacks.append(record)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(record)
 
 
 def spread(values: list[float], digits: int = 2, form: str = "{median} ({low}–{high})") -> str:

@@ -38,6 +38,9 @@ each, not timed as a row, with each `Aligner.align` call timed (the stepping thr
 stream synchronised before and after): passes, windows a pass, the time in them (staggered
 inputs, as a worker's jobs arrive, finish their windows apart: more passes of fewer windows).
 
+Each row also counts Python's full garbage collections in its timed runs, and their time:
+each stops every thread of the process (on stderr, and in `--json`).
+
 `--rows` runs some of them (the same names; `alone`: VAD and diarization alone, and the first
 passes): a device call of ten minutes holds the rows of one question, for two versions.
 
@@ -74,7 +77,7 @@ from engine.options import SpeakerCount  # noqa: E402
 from engine.stream import PREPARE_THREADS  # noqa: E402
 from engine.timing import Aligner  # noqa: E402
 from engine.vad import CHUNK, Detector, speech_regions  # noqa: E402
-from scripts.measure import spread, timed  # noqa: E402
+from scripts.measure import gc_pauses, spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import third_silence  # noqa: E402
 from tools.wer import word_error_rate  # noqa: E402
@@ -144,14 +147,16 @@ def main() -> int:
             synced(lambda o=options: stream.transcribe(items[:1], o))()  # its first-time costs
             before = stream.stats
             run = synced(lambda o=options: stream.transcribe(items, o))
-            results, times = timed(run, args.runs)
+            with gc_pauses() as pauses:
+                results, times = timed(run, args.runs)
         windows = (stream.stats - before).windows // args.runs
         wer = word_error_rate([reference], [results[0].text])
         rows[name] = times
         out[name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
-        out[name]["windows"] = windows
+        out[name].update(windows=windows, gc=pauses)
         print(
-            f"  {name}: {spread(times)} s, WER {wer:.1%}, {windows} windows a run", file=sys.stderr
+            f"  {name}: {spread(times)} s, WER {wer:.1%}, {windows} windows a run; {_gc(pauses)}",
+            file=sys.stderr,
         )
     words = RUNS["words"][1]
     if "words" in chosen:  # before the batcher, whose thread would step the stream too
@@ -166,11 +171,15 @@ def main() -> int:
         with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
             run = synced(lambda o=options: _as_worker(stream, batcher, items, o))
             run()
-            results, times = timed(run, args.runs)
+            with gc_pauses() as pauses:
+                results, times = timed(run, args.runs)
         wer = word_error_rate([reference], [results[0].text])
         rows[AS_WORKER + name] = times
         out[AS_WORKER + name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
-        print(f"  {AS_WORKER}{name}: {spread(times)} s, WER {wer:.1%}", file=sys.stderr)
+        out[AS_WORKER + name]["gc"] = pauses
+        print(
+            f"  {AS_WORKER}{name}: {spread(times)} s, WER {wer:.1%}; {_gc(pauses)}", file=sys.stderr
+        )
     if "words" in chosen:
         passes["as a worker"] = _alignment_passes(lambda: _as_worker(stream, batcher, items, words))
     batcher.close(wait=True)
@@ -239,6 +248,13 @@ def _alone(stream, items, seconds, regions, device, runs) -> dict[str, list[floa
         "first passes (`prepare`), with Silero": heard,
         "first passes (`prepare`), without": unheard,
     }
+
+
+def _gc(pauses: list[tuple[int, float]]) -> str:
+    """The full collections among a row's garbage collections, in all its timed runs."""
+    full = [s * 1000 for generation, s in pauses if generation == 2]
+    longest = max(full, default=0)
+    return f"{len(full)} full garbage collections, {sum(full):.0f} ms, the longest {longest:.0f}"
 
 
 def _as_worker(
