@@ -248,6 +248,23 @@ class CrossWeights:
     qk: list[Tensor] = field(default_factory=list)
 
 
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, spelt: bool) -> Tensor:
+    """Scaled dot-product attention (mask: True where a query may see a key). spelt: in plain
+    products and a softmax, for a pass whose sizes are new each time (word timestamps'): on
+    Hopper torch prefers cuDNN's fused attention, which builds a plan for each new shape."""
+    if not spelt:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    qk = scores(q, k)
+    if mask is not None:
+        qk = qk.masked_fill(~mask, float("-inf"))
+    return qk.float().softmax(dim=-1).to(q.dtype) @ v
+
+
+def scores(q: Tensor, k: Tensor) -> Tensor:
+    """Each query's scaled products with the keys, before the softmax."""
+    return (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+
+
 class DecoderBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int, n_ff: int):
         super().__init__()
@@ -285,9 +302,8 @@ class DecoderBlock(nn.Module):
             cross_k, cross_v = cache.cross_k[layer, rows], cache.cross_v[layer, rows]
             a = decode_attention(q.view(b, h, d // h), cross_k, cross_v, triton=fast).view(b, 1, d)
         else:  # a prompt pass: its own keys are all there is
-            a = F.scaled_dot_product_attention(
-                split_heads(q, h), split_heads(k, h), split_heads(v, h), attn_mask=at.mask
-            )
+            spelt = weights is not None  # an alignment pass: sizes of its own each time
+            a = attention(split_heads(q, h), split_heads(k, h), split_heads(v, h), at.mask, spelt)
             x = fused_linear(merge_heads(a), self.attn.out, residual=x, triton=fast)
             q = fused_linear(x, self.cross_attn.q, self.cross_attn_ln, triton=fast)
             q = split_heads(q, h)
@@ -300,9 +316,9 @@ class DecoderBlock(nn.Module):
                 cross_k, cross_v = split_heads(ck, h), split_heads(cv, h)
             keep = weights.heads.get(layer) if weights else None
             if keep is None:
-                a = F.scaled_dot_product_attention(q, cross_k, cross_v)
-            else:  # the same attention, spelt out to keep its weights
-                qk = (q @ cross_k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+                a = attention(q, cross_k, cross_v, None, spelt)
+            else:  # spelt out to keep its weights
+                qk = scores(q, cross_k)
                 weights.qk.append(qk[:, keep])
                 a = qk.float().softmax(dim=-1).to(q.dtype) @ cross_v
             a = merge_heads(a)

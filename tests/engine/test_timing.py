@@ -89,6 +89,30 @@ def test_a_pass_weighs_each_window_as_it_would_alone(device):
         torch.testing.assert_close(batched[k, :n, :f], alone, rtol=1e-5, atol=1e-5)
 
 
+def test_an_alignment_pass_spells_its_attention_out(tiny_en, monkeypatch):
+    """A pass that keeps cross-attention weights (word timestamps') has sizes of its own each
+    time, so its attention is plain products and a softmax, never the fused kernel (on Hopper
+    torch prefers cuDNN's, which builds a plan for each new shape): the fused pass's logits."""
+    from engine.model import CrossWeights, KVCache
+
+    m = tiny_en.engine.loaded
+    d, g = m.dims, torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 1000, (3, 9), generator=g)
+    positions = torch.arange(9).expand(3, -1)
+    cache = KVCache.allocate(d, 3, "cpu", m.dtype, text_ctx=9)
+    cache.cross_k.normal_(generator=g), cache.cross_v.normal_(generator=g)
+    fused = m.model.decoder(tokens, positions, slice(0, 3), cache, 9)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the fused attention in an alignment pass")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refused)
+    weights = CrossWeights(timing.alignment_heads(m))
+    spelt = m.model.decoder(tokens, positions, slice(0, 3), cache, 9, weights=weights)
+    torch.testing.assert_close(spelt, fused, rtol=1e-4, atol=1e-4)
+    assert len(weights.qk) == len(weights.heads)
+
+
 def test_a_pass_reads_each_text_tokens_probability_as_it_would_alone():
     g = torch.Generator().manual_seed(4)
     eot, width = 30, 9
