@@ -20,7 +20,8 @@ Layout choices, compared with Hugging Face's `WhisperForConditionalGeneration`:
   models' decode steps read); it is widened as it is read.
 - a decode step (one token per row) attends through `engine.kernels.attention`: a split-K
   Triton kernel on CUDA (cuDNN for large fp16 batches of the cross-attention),
-  `scaled_dot_product_attention` elsewhere;
+  `scaled_dot_product_attention` elsewhere; a pass that keeps cross-attention weights (word
+  timestamps', whose sizes are new each time) spells its attention out (`attention`);
 - a decoder pass over a few rows (batch-1 latency) runs each projection with its layer norm,
   GELU and residual add in one Triton kernel (`engine.kernels.linear`); the encoder makes
   each residual add and the layer norm after it one kernel (`engine.kernels.norm`).
