@@ -261,8 +261,8 @@ class Stream(Streaming):
         launched = time.perf_counter()
         timed, self._timing = self._timing, None
         if timed is not None:  # their pass ran ahead of this step's decoding
-            windows, pending = timed
-            self._accept(windows, pending.result(), finished)
+            timed_windows, pending = timed
+            self._accept(timed_windows, pending.result(), finished)
         windows = self._admit()
         admitted = time.perf_counter()
         if runner.n_live == 0:
