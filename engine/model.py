@@ -258,12 +258,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, spelt: bool)
     qk = scores(q, k)
     if mask is not None:
         qk = qk.masked_fill(~mask, float("-inf"))
-    return qk.float().softmax(dim=-1).to(q.dtype) @ v
+    return weighed(qk, v)
 
 
 def scores(q: Tensor, k: Tensor) -> Tensor:
     """Each query's scaled products with the keys, before the softmax."""
     return (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+
+
+def weighed(qk: Tensor, v: Tensor) -> Tensor:
+    """The values weighed by the softmax of the scores (taken in float)."""
+    return qk.float().softmax(dim=-1).to(v.dtype) @ v
 
 
 class DecoderBlock(nn.Module):
@@ -321,7 +326,7 @@ class DecoderBlock(nn.Module):
             else:  # spelt out to keep its weights
                 qk = scores(q, cross_k)
                 weights.qk.append(qk[:, keep])
-                a = qk.float().softmax(dim=-1).to(q.dtype) @ cross_v
+                a = weighed(qk, cross_v)
             a = merge_heads(a)
         x = fused_linear(a, self.cross_attn.out, residual=x, triton=fast)
         hidden = fused_linear(x, self.fc1, self.mlp_ln, gelu=True, triton=fast)
