@@ -7,7 +7,8 @@ the scanner costs to walk a large listing.
     python scripts/backfill_bench.py progress [--backfill-files 400] [--device cpu]
     python scripts/backfill_bench.py throughput [--backfill-files 2010] [--engine-runs 2]
         [--warmup-jobs 256] [--device cuda] [--audio-dir DIR] [--third-silence]
-        [--job-options '{"vad": true, "diarize": true}']
+        [--job-options '[{"word_timestamps": true}, {"vad": true, "diarize": true}]']
+        [--backfill-runs 3]
     python scripts/backfill_bench.py scan [--keys 100000] [--bound 1000] [--stall-s 30]
         [--variants listing,malformed,bound] [--plot docs/bench/backfill-scan.png]
     (either: [--redis-url redis://127.0.0.1:6379/8 | --redis-server redis-server])
@@ -46,18 +47,21 @@ while bulk work shares the engine; this gives the longest time its progress stoo
 throughput: every clip of `--audio-dir`'s manifest, repeated to `--backfill-files` files.
 First the engine alone, in this process: `Engine.open(...).transcribe(files)` over the file
 bytes (decoding included, as a worker's jobs include it), after a warm-up pass over the clips,
-`--engine-runs` times. Then the fleet: the files put under `s3://bench-archive/calls/`,
-`--warmup-jobs` interactive jobs at once (the worker compiles and captures the batch sizes it
-will meet), then `POST /v1/backfills`, timed until the backfill is `done` (every job ended,
-its copies and manifest written). Both as audio seconds per second; ratio fleet / engine.
+`--engine-runs` times (0: none). Then the fleet: `--warmup-jobs` interactive jobs at once
+(the worker compiles and captures the batch sizes it will meet), then `--backfill-runs`
+rounds, each with the files put under `s3://bench-archive/calls/<round>/` and a `POST
+/v1/backfills` of them, timed until the backfill is `done` (every job ended, its copies and
+manifest written). Both as audio seconds per second; ratio fleet / engine.
 Why: a backfill is the bulk workload; this is what the whole path (listing, inspection,
 queue, worker, storage, copies, manifest) keeps of the engine's pace. `--third-silence`: the
 files are instead copies of one long recording, the manifest's English clips each followed by
 room tone half as long (`tools.longform.third_silence`, some 12 minutes, a third without
 speech), as an archive of calls; `--job-options`: the backfill's job options (JSON, as
-`POST /v1/backfills` takes them), for its jobs, the warm-up jobs and the engine's runs alike.
-Run with and without `{"vad": true, "diarize": true}`, the two give what voice activity and
-speakers cost at the fleet's pace (issue #39).
+`POST /v1/backfills` takes them), for its jobs, the warm-up jobs and the engine's runs alike;
+a list of option sets is run in turn, each warmed up, each backfilled once a round, and
+each set's median backfill given against the first's. With `[{"word_timestamps": true},
+{"vad": true, "diarize": true}]` that is what voice activity and speakers add to the word
+timestamps a diarization needs, at the fleet's pace, in one fleet (issue #39).
 
 scan: `--keys` small objects (a few bytes to 364 bytes each) under `s3://bench-archive/scan/`,
 put through a thread pool: half `.txt`, 40% `.flac` that are not audio, 10% valid tiny WAV.
@@ -578,6 +582,7 @@ def gil_summary(path: Path, seconds: float) -> str:
 
 def throughput(args: argparse.Namespace, stack: Stack) -> None:
     import gc
+    import statistics
 
     import soundfile as sf
     import torch
@@ -590,8 +595,8 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
     from worker.core.engines import Engines
     from worker.core.transcripts import engine_options
 
-    job_options = json.loads(args.job_options)
-    options = engine_options(JobOptions.model_validate(job_options), b"")
+    sets = json.loads(args.job_options)
+    sets = sets if isinstance(sets, list) else [sets]
     clips = read_clips(Path(args.audio_dir), args.max_clip_s or 1e9, english=False)
     sources = clips
     if args.third_silence:
@@ -605,32 +610,78 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
 
     # the engine as a worker configures it (weights, slots, kernels, cross K/V)
     os.environ.update(stack.env)
-    stream = Engine.open(Engines(Settings()).config(args.model))
-    stream.transcribe([c[1] for c in sources], options)  # warm-up: load, compile, capture
-    run = partial(stream.transcribe, [c[1] for c in files], options)
-    _, engine_runs = measure.timed(run, args.engine_runs, "engine alone")
-    del run, stream
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    engine_runs: list[list[float]] = []
+    if args.engine_runs:
+        stream = Engine.open(Engines(Settings()).config(args.model))
+        for job_options in sets:
+            options = engine_options(JobOptions.model_validate(job_options), b"")
+            stream.transcribe([c[1] for c in sources], options)  # load, compile, capture
+            run = partial(stream.transcribe, [c[1] for c in files], options)
+            engine_runs.append(measure.timed(run, args.engine_runs, "engine alone")[1])
+        del run, stream
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     stack.services()
     api = stack.api()
     for i in range(args.workers):
         stack.start_worker(i)
     stack.scanner("scanner")
-    copies = [(f"calls/{i:06d}-{name}", data) for i, (name, data, _) in enumerate(files)]
-    put_many(stack.s3(), ARCHIVE, copies, "archive")
     warmup = max(args.warmup_jobs, len(clips))
-    print(f"warming up the worker ({warmup} jobs at once) ...", file=sys.stderr, flush=True)
-    warming = Phase(str(api.base_url), clips, warmup, 0.0, "warm-up", options=job_options)
-    warming.run(args.timeout, stack.check)
+    for job_options in sets:
+        print(f"warming up the worker ({warmup} jobs at once) ...", file=sys.stderr, flush=True)
+        warming = Phase(str(api.base_url), clips, warmup, 0.0, "warm-up", options=job_options)
+        warming.run(args.timeout, stack.check)
 
+    # each round's files under a prefix of their own (a job's id is its object's and its
+    # options'), and the option sets in turn within a round, so drift meets them alike
+    fleet_runs: list[list[tuple[float, dict]]] = [[] for _ in sets]
+    for round_ in range(args.backfill_runs):
+        prefix = f"calls/{round_}/"
+        copies = [(f"{prefix}{i:06d}-{name}", data) for i, (name, data, _) in enumerate(files)]
+        put_many(stack.s3(), ARCHIVE, copies, "archive")
+        for k, job_options in enumerate(sets):
+            fleet_runs[k].append(backfill(api, prefix, job_options, len(files), args, stack))
+
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(
+        f"\n{args.model} on {args.device} ({gpu}); {len(files)} files ({len(sources)} "
+        f"repeated), {audio_s:.0f} s of audio; fleet: {args.workers} worker(s) x concurrency "
+        f"{args.concurrency}, warmed with {warmup} jobs of each option set\n"
+    )
+    print("| job options | path | seconds | audio s / s | files |")
+    print("|---|---|---|---|---|")
+    for k, job_options in enumerate(sets):
+        shown = f"`{json.dumps(job_options)}`" if job_options else "the defaults"
+        for run, seconds in enumerate(engine_runs[k] if engine_runs else [], 1):
+            print(f"| {shown} | engine alone (`Stream.transcribe`), run {run} | {seconds:.2f} "
+                  f"| {audio_s / seconds:.0f} | {len(files)} |")  # fmt: skip
+        for run, (seconds, counts) in enumerate(fleet_runs[k], 1):
+            print(f"| {shown} | backfill, `POST /v1/backfills` to `done`, run {run} "
+                  f"| {seconds:.2f} | {audio_s / seconds:.0f} "
+                  f"| {counts['succeeded']} succeeded, {counts['failed']} failed |")  # fmt: skip
+    medians = [statistics.median(s for s, _ in runs) for runs in fleet_runs]
+    print("\n| job options | backfill, median (range) s | against the first set |")
+    print("|---|---|---|")
+    for k, job_options in enumerate(sets):
+        seconds = [s for s, _ in fleet_runs[k]]
+        print(
+            f"| `{json.dumps(job_options)}` | {medians[k]:.2f} ({min(seconds):.2f}–"
+            f"{max(seconds):.2f}) | {100 * (medians[k] / medians[0] - 1):+.1f} % |"
+        )
+    for k, runs in enumerate(engine_runs):
+        print(f"ratio, {json.dumps(sets[k])} (backfill median / best engine run): "
+              f"{min(runs) / medians[k]:.2f}")  # fmt: skip
+
+
+def backfill(api, prefix: str, job_options: dict, files: int, args, stack) -> tuple[float, dict]:
+    """`POST /v1/backfills` of the prefix, timed until it is `done`: (seconds, its counts)."""
     start = time.perf_counter()
-    reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/calls/", **job_options})
+    reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/{prefix}", **job_options})
     reply.raise_for_status()
     backfill_id = reply.json()["id"]
-    bar = tqdm(total=len(files), desc="backfill", unit="file", file=sys.stderr)
+    bar = tqdm(total=files, desc="backfill", unit="file", file=sys.stderr)
     deadline = time.monotonic() + args.timeout
     while True:
         b = api.get(f"/v1/backfills/{backfill_id}").json()
@@ -639,30 +690,11 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
         if b["status"] == "done":
             break
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the backfill: {ended} of {len(files)} ended in time")
+            raise RuntimeError(f"the backfill: {ended} of {files} ended in time")
         stack.check()
         time.sleep(0.2)
-    fleet_s = time.perf_counter() - start
     bar.close()
-
-    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
-    print(
-        f"\n{args.model} on {args.device} ({gpu}); {len(files)} files ({len(sources)} "
-        f"repeated), {audio_s:.0f} s of audio; job options {job_options or 'the defaults'}; "
-        f"fleet: {args.workers} worker(s) x concurrency {args.concurrency}, warmed with "
-        f"{warmup} jobs\n"
-    )
-    print("| path | seconds | audio s / s | files |")
-    print("|---|---|---|---|")
-    for run, seconds in enumerate(engine_runs, 1):
-        print(f"| engine alone (`Stream.transcribe`), run {run} | {seconds:.2f} "
-              f"| {audio_s / seconds:.0f} | {len(files)} |")  # fmt: skip
-    counts = b["counts"]
-    print(
-        f"| backfill, `POST /v1/backfills` to `done` | {fleet_s:.2f} | {audio_s / fleet_s:.0f} "
-        f"| {counts['succeeded']} succeeded, {counts['failed']} failed |"
-    )
-    print(f"\nratio (backfill / best engine run): {min(engine_runs) / fleet_s:.2f}")
+    return time.perf_counter() - start, b["counts"]
 
 
 # -- scan
@@ -930,7 +962,13 @@ def main() -> int:
         help="throughput: the files are one long recording, a third of it room tone",
     )
     latency_args.add_argument(
-        "--job-options", default="{}", help="throughput: JSON, e.g. '{\"vad\": true}'"
+        "--job-options",
+        default="{}",
+        help="throughput: JSON, e.g. '{\"vad\": true}', or a list of such option sets, each "
+        "backfilled in turn (the first is the one the others are measured against)",
+    )
+    latency_args.add_argument(
+        "--backfill-runs", type=int, default=1, help="throughput: backfills of each option set"
     )
     latency_args.add_argument(
         "--py-spy", metavar="PATH", help="latency: the first worker's GIL, sampled in phase two"
