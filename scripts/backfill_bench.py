@@ -643,6 +643,8 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
         put_many(stack.s3(), ARCHIVE, copies, "archive")
         for k, job_options in enumerate(sets):
             fleet_runs[k].append(backfill(api, prefix, job_options, len(files), args, stack))
+            print(f"round {round_ + 1}, {json.dumps(job_options)}: {fleet_runs[k][-1][0]:.2f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(
