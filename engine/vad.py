@@ -5,11 +5,7 @@ LSTM cell, from Python. The convolutions see only their chunk (and the 4 ms befo
 they run over a whole block of chunks at once and the LSTM over the block's sequence in one
 call: the same probabilities (tests/engine/test_vad.py, against the wheel's TorchScript model),
 at the cost of a few large kernels a block on any device. `Detector` is fed blocks of samples
-as a long input is decoded, carrying the context and the LSTM's state across them. On a GPU
-only the convolutions run there: the LSTM's steps run in order, some 31 a second of audio,
-each too small to fill a GPU (cuDNN's kernel held the device 37 ms for a 749 s input, a third
-of a tiny.en transcription's device time), and a CPU core takes them at 5 µs a step, beside
-the device's work.
+as a long input is decoded, carrying the context and the LSTM's state across them.
 
 `speech_regions` turns the probabilities into speech as Silero's `get_speech_timestamps` does:
 a threshold to enter speech and a lower one to leave it, short pauses bridged, short bursts
@@ -64,13 +60,7 @@ class SileroVAD(nn.Module):
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """(n, CONTEXT + CHUNK) consecutive chunks of one input -> (n,) speech probabilities
         and the LSTM's state after them."""
-        return self.recur(self.features(frames), state)
-
-    def recur(
-        self, features: Tensor, state: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """(n, 128) `features` of consecutive chunks -> their probabilities and the state."""
-        out, state = self.lstm(features[:, None], state)
+        out, state = self.lstm(self.features(frames)[:, None], state)
         p = torch.sigmoid(self.final_conv(F.relu(out).permute(1, 2, 0)))
         return p[0, 0], state
 
@@ -117,23 +107,15 @@ def load(device: str = "cpu") -> SileroVAD:
 class Detector:
     """Speech probabilities of one input, fed its 16 kHz samples block by block (arrays, or
     tensors already on its device: a first pass sends each block there once, for its log-mel
-    and for this).
+    and for this)."""
 
-    host_steps (the default on a GPU): a block's features come back to the host (2 MB of
-    pinned memory a block), and its LSTM steps run there when the next block is fed or at
-    `finish`, while the device goes on with the blocks after it."""
-
-    def __init__(self, device: torch.device | str = "cpu", host_steps: bool | None = None):
+    def __init__(self, device: torch.device | str = "cpu"):
         self.model = load(str(device))
-        self.device = torch.device(device)
-        if host_steps is None:
-            host_steps = self.device.type == "cuda"
-        self._steps = load("cpu") if host_steps else None
+        self.device = device
         self._tail = torch.zeros(CONTEXT, device=device)  # the samples before the next chunk
         self._rest = torch.zeros(0, device=device)  # samples not yet a whole chunk
         self._state: tuple[Tensor, Tensor] | None = None
         self._probs: list[Tensor] = []
-        self._sent: tuple[Tensor, torch.cuda.Event | None] | None = None  # features, their copy
         self.n_samples = 0
 
     @torch.inference_mode()
@@ -149,31 +131,9 @@ class Detector:
     def _run(self, block: Tensor) -> None:
         x = torch.cat([self._tail, block])
         frames = x.unfold(0, CONTEXT + CHUNK, CHUNK)
-        self._tail = x[-CONTEXT:]
-        if self._steps is None:
-            probs, self._state = self.model(frames, self._state)
-            self._probs.append(probs)
-            return
-        features = self.model.features(frames)
-        copied = None
-        if features.is_cuda:
-            host = torch.empty(features.shape, pin_memory=True)
-            host.copy_(features, non_blocking=True)
-            features, copied = host, torch.cuda.Event()
-            copied.record()
-        self._step()
-        self._sent = (features, copied)
-
-    def _step(self) -> None:
-        """The LSTM's steps over the block sent last, on the host."""
-        if self._sent is None:
-            return
-        features, copied = self._sent
-        if copied is not None:
-            copied.synchronize()
-        probs, self._state = self._steps.recur(features, self._state)
+        probs, self._state = self.model(frames, self._state)
         self._probs.append(probs)
-        self._sent = None
+        self._tail = x[-CONTEXT:]
 
     @torch.inference_mode()
     def finish(self) -> np.ndarray:
@@ -181,7 +141,6 @@ class Detector:
         if len(self._rest):
             self._run(F.pad(self._rest, (0, CHUNK - len(self._rest))))
             self._rest = self._rest[:0]
-        self._step()
         if not self._probs:
             return np.zeros(0, np.float32)
         return torch.cat(self._probs).float().cpu().numpy()

@@ -43,18 +43,12 @@ def test_probabilities_and_regions_are_the_wheels_own(reference, clips):
         )
 
 
-@pytest.mark.parametrize("host_steps", [False, True])
-def test_fed_in_blocks_of_any_size_equals_fed_whole(clips, monkeypatch, host_steps):
-    """Also with the LSTM's steps a block behind the features (a GPU's default), over blocks
-    that end inside a chunk and a pass of BLOCK_CHUNKS cut in three."""
-    monkeypatch.setattr(vad, "BLOCK_CHUNKS", 32)
+def test_fed_in_blocks_of_any_size_equals_fed_whole(clips):
     samples = decode_audio(clips["en_jfk"].bytes)
-    detector = vad.Detector(host_steps=host_steps)
-    for start in range(0, len(samples), 7777 * 7):  # not a multiple of the chunk
-        detector.feed(samples[start : start + 7777 * 7])
-    whole = vad.speech_probabilities(samples)
-    assert len(whole) == -(-len(samples) // vad.CHUNK) > 3 * 32
-    np.testing.assert_allclose(detector.finish(), whole, atol=1e-6)
+    detector = vad.Detector()
+    for start in range(0, len(samples), 7777):  # not a multiple of the chunk
+        detector.feed(samples[start : start + 7777])
+    np.testing.assert_allclose(detector.finish(), vad.speech_probabilities(samples), atol=1e-6)
 
 
 @pytest.mark.requires_cuda
@@ -71,25 +65,24 @@ def test_on_a_gpu_blocks_sent_there_give_the_cpus_probabilities(clips, monkeypat
     expected = vad.speech_probabilities(samples)
     step = vad.BLOCK_CHUNKS * vad.CHUNK
 
-    def on_gpu(host_steps: bool) -> np.ndarray:
-        detector = vad.Detector("cuda", host_steps=host_steps)
+    def on_gpu() -> np.ndarray:
+        detector = vad.Detector("cuda")
         for start in range(0, len(samples), step):
             detector.feed(torch.from_numpy(samples[start : start + step]).to("cuda"))
         return detector.finish()
 
+    as_run = on_gpu()
+    with monkeypatch.context() as fp32:
+        fp32.setattr(torch.backends.cudnn, "allow_tf32", False)
+        exact = on_gpu()
+    assert len(exact) == len(as_run) == len(expected)
+    assert np.abs(exact - expected).max() < 1e-3
     seconds = len(samples) / 16000
     regions = vad.speech_regions(expected, seconds)
     assert len(regions) >= 12  # each of the 12 clips holds speech
-    for host_steps in (True, False):  # the LSTM's steps on the host (the default), or there
-        as_run = on_gpu(host_steps)
-        with monkeypatch.context() as fp32:
-            fp32.setattr(torch.backends.cudnn, "allow_tf32", False)
-            exact = on_gpu(host_steps)
-        assert len(exact) == len(as_run) == len(expected)
-        assert np.abs(exact - expected).max() < 1e-3, host_steps
-        assert np.array(vad.speech_regions(as_run, seconds)) == pytest.approx(
-            np.array(regions), abs=vad.CHUNK / 16000
-        ), host_steps
+    assert np.array(vad.speech_regions(as_run, seconds)) == pytest.approx(
+        np.array(regions), abs=vad.CHUNK / 16000
+    )
 
 
 def test_silence_and_room_tone_hold_no_speech():
