@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine import heap
 from engine.diarize import Recording, Turn, attribute, talk_times
 from engine.inputs import MelSource, Prepared, own_stream, sources
 from engine.longform import REQUESTS, Request, Window, words_in_speech
@@ -365,13 +366,15 @@ class Stream(Streaming):
         """Pay the first-time costs before the first input does: capture the graphs an input
         without a prompt can need (on CUDA: every encoder batch and decode step shape), then
         run a second of silence through every phase outside them (log-mel, encoder, language
-        detection, prefill), which loads their kernels. Returns the graphs captured; progress:
-        (graphs done, in all). `warm_next` captures the rest."""
+        detection, prefill), which loads their kernels, and freeze the objects alive then
+        (`engine.heap`). Returns the graphs captured; progress: (graphs done, in all).
+        `warm_next` captures the rest."""
         if self.busy:
             raise RuntimeError("warm() needs an idle stream; this one has inputs in it")
         captured = self._runner.capture(progress)
         self.transcribe([np.zeros(SAMPLE_RATE, np.float32)])
         self.stats = StreamStats()  # what it has done is for users' inputs only
+        heap.settle()
         return captured
 
     def warm_next(self) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine import heap
 from engine.config import EngineConfig, Input
 from engine.host import LongAudio, SpectrogramError, read_input
 from engine.mel import SAMPLE_RATE
@@ -161,10 +162,13 @@ class WindowStream(Streaming):
 
     def warm(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Run a second of silence through the model (its first call's costs), then capture
-        the graphs the model has (progress: graphs done, in all); returns how many."""
+        the graphs the model has (progress: graphs done, in all), and freeze the objects
+        alive then (`engine.heap`); returns how many graphs."""
         self.transcribe([np.zeros(SAMPLE_RATE, np.float32)])
         self.stats = StreamStats()
-        return self.engine.capture(progress)
+        captured = self.engine.capture(progress)
+        heap.settle()
+        return captured
 
     def warm_next(self) -> bool:
         return False  # no graphs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -259,6 +260,14 @@ def long_speech(clip: bytes, repeat: int) -> bytes:
     out = io.BytesIO()
     sf.write(out, np.concatenate([audio] * repeat), rate, format="FLAC")
     return out.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_frozen_after():
+    """A warmed stream freezes the objects alive (engine.heap); each test hands them back, so
+    that the next one collects what it leaves as it would alone."""
+    yield
+    gc.unfreeze()
 
 
 def transcribe(stream, item, options=None, progress=None):

@@ -1,7 +1,9 @@
 """The worker's models: configured names only, loaded on first use, within a memory budget;
 warmed before use; run in the engine core."""
 
+import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -58,6 +60,23 @@ def test_least_recently_used_model_is_dropped_to_fit_the_budget():
     roomy = Engines(Settings(models="tiny.en,base", model_memory_bytes=1024**3, device="cpu"))
     roomy.get("tiny.en"), roomy.get("base"), roomy.get("tiny.en")
     assert roomy.loaded == ["base", "tiny.en"]
+
+
+def test_a_dropped_models_objects_are_freed_though_a_warmed_models_were_frozen():
+    """Warming freezes what is alive (engine.heap); a frozen cycle is never collected, so a
+    dropped model's objects go back to the collector, and its weights are freed."""
+    engines = Engines(
+        Settings(models="tiny.en,base", model_memory_bytes=400 * 1024**2, device="cpu")
+    )
+    tiny = weakref.ref(engines.get("tiny.en").engine)
+    assert gc.get_freeze_count() > 10_000
+    engines.get("base")
+    assert engines.loaded == ["base"] and gc.get_freeze_count() == 0
+    deadline = time.monotonic() + 30  # its batcher's thread ends, then it is garbage
+    while tiny() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.1)
+    assert tiny() is None
 
 
 def test_slot_pool_is_sized_from_the_memory_budget():

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 
-from engine import Engine, EngineConfig, Stream
+from engine import Engine, EngineConfig, Stream, heap
 from worker.contract.settings import Settings
 from worker.core.batching import Batcher, DeviceFaultHandler
 from worker.core.calls import UnknownModel, single_flight
@@ -94,6 +94,7 @@ class Engines:
             while self._loaded and size + kept > s.model_memory_bytes:
                 dropped, old = self._loaded.popitem(last=False)
                 old.close()  # after the inputs it holds are done
+                heap.thaw()  # its objects collectable again, cycles too
                 kept -= old.stream.engine.weight_bytes
                 log.info("dropped model %s to keep within %d bytes", dropped, s.model_memory_bytes)
             self._loaded[name] = batcher

@@ -1,0 +1,17 @@
+"""A warmed stream's objects are frozen (engine.heap): a full collection, which stops every
+thread, walks only what was made after, not the process's torch, transformers and model."""
+
+import gc
+
+from engine import Engine, EngineConfig
+
+
+def test_after_warm_up_a_full_collection_walks_only_what_came_after(clips):
+    gc.unfreeze()
+    before = len(gc.get_objects())
+    stream = Engine.open(EngineConfig(model="tiny.en", device="cpu"))
+    stream.warm()
+    frozen, walked = gc.get_freeze_count(), len(gc.get_objects())
+    assert frozen > before > 50 * walked
+    result = stream.transcribe([clips["en_jfk"].bytes])[0]
+    assert "ask not what your country" in result.text.lower()
