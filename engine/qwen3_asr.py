@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine import heap
 from engine.config import EngineConfig
 from engine.graphs import capture
 from engine.hf import Chat, window_refusals
@@ -631,6 +632,7 @@ class Qwen3ASREngine(WindowModel):
             return False
         self.n_slots //= 2
         del self.decoder
+        heap.settle()  # (frozen since `warm`, a cycle among its objects would hold them)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.decoder = self._decoder()

@@ -242,6 +242,7 @@ class Stream(Streaming):
         if not self.engine.shrink():
             return False
         self._runner = None  # its caches go before the smaller pool is allocated
+        heap.settle()  # (frozen since `warm`, a cycle among its objects would hold them)
         self._runner = self.engine.runner()
         return True
 

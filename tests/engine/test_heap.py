@@ -2,6 +2,7 @@
 thread, walks only what was made after, not the process's torch, transformers and model."""
 
 import gc
+import weakref
 
 from engine import Engine, EngineConfig
 
@@ -15,3 +16,16 @@ def test_after_warm_up_a_full_collection_walks_only_what_came_after(clips):
     assert frozen > before > 50 * walked
     result = stream.transcribe([clips["en_jfk"].bytes])[0]
     assert "ask not what your country" in result.text.lower()
+
+
+def test_a_slot_pool_given_up_is_freed_though_it_was_frozen():
+    """After running out of device memory a stream halves its pool of slots: the old pool's
+    caches must go before the new one is allocated, even were its objects a frozen cycle."""
+    stream = Engine.open(EngineConfig(model="tiny.en", device="cpu", slots=4))
+    stream.warm()
+    old = stream._runner
+    old.itself = old  # a cycle, frozen with the rest
+    gone = weakref.ref(old)
+    del old
+    assert stream.shrink() and stream.engine.n_slots == 2
+    assert gone() is None
