@@ -220,6 +220,8 @@ class Stream(Streaming):
         self._waiting = [(e, w) for e, w in self._waiting if e is not entry]
         self._runner.release_where(lambda s: s.owner[0] is entry)
         self._runner.compact()
+        if not self._inputs:  # a pass timing only aborted windows: its copies go now
+            self._timing = None
         return True
 
     def reset(self) -> None:

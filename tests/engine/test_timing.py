@@ -2,6 +2,8 @@
 and the words of real speech against transformers' own on the same weights."""
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -203,6 +205,19 @@ def test_an_input_aborted_while_its_words_are_timed_never_comes_back(tiny_en, cl
         finished += tiny_en.step()
     assert [f.owner for f in finished] == ["kept"]
     assert finished[0].transcription.words == transcribe(tiny_en, other, OPTIONS).words
+
+
+def test_a_pass_timing_only_aborted_inputs_lets_go_of_its_copies(tiny_en, clips):
+    """Once every input is aborted the stream is idle, and nobody steps it: the pass it
+    launched holds pinned copies of the slots' keys and values, which go with the last abort."""
+    tiny_en.submit("gone", tiny_en.prepare(clips["en_jfk"].bytes), OPTIONS)
+    before = tiny_en.stats.timed
+    while tiny_en.stats.timed == before:  # a pass launched: its windows wait for the next step
+        assert tiny_en.step() == []
+    pending = weakref.ref(tiny_en._timing[1])
+    assert tiny_en.abort("gone") and not tiny_en.busy
+    gc.collect()
+    assert pending() is None
 
 
 @pytest.mark.parametrize("mode", ["sequential", "chunked"])
