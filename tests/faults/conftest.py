@@ -19,7 +19,6 @@ def fleet(tmp_path, storage_server):
     fleet = make_fleet(tmp_path, storage_server)
     yield fleet
     fleet.close()
-    fleet.redis_server.close()
     print(fleet.logs()[-15000:])
 
 

@@ -270,12 +270,14 @@ class Fleet:
             connection.default_channel.qos.restore_visible(num=100, interval=1)
 
     def close(self) -> None:
+        """Its workers killed, then its redis-server stopped."""
         for proc in self.workers:
             if proc.poll() is None:
                 for child in psutil.Process(proc.pid).children(recursive=True):
                     child.kill()  # a supervisor's workers
                 proc.kill()
                 proc.wait()
+        self.redis_server.close()
 
 
 def speech(clip: bytes, seconds: float) -> bytes:

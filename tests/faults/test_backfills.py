@@ -124,7 +124,6 @@ def stack(tmp_path_factory, inputs):
         yield s
     finally:
         fleet.close()
-        fleet.redis_server.close()
         storage.close()
         for path in sorted(folder.glob("worker-*.log")):
             print(f"--- {path.name}\n{path.read_text()[-4000:]}")

@@ -35,6 +35,5 @@ def test_under_chaos_every_good_job_succeeds_once_with_the_calm_text(tmp_path, c
         assert report.events  # the chaos happened: kills, the Redis restart, the freeze
     finally:
         fleet.close()
-        fleet.redis_server.close()
         storage.close()
         print(fleet.logs()[-20000:])

@@ -86,7 +86,6 @@ def test_a_job_that_kills_its_process_every_time_is_failed_as_poison(
         assert fleet.logs().count("restarting it") == 1
     finally:
         fleet.close()
-        fleet.redis_server.close()
 
 
 def test_a_good_job_whose_workers_are_killed_under_it_is_not_failed(
@@ -116,7 +115,6 @@ def test_a_good_job_whose_workers_are_killed_under_it_is_not_failed(
         assert record.quarantined and record.quarantine_deaths == 0 and record.attempts == 4
     finally:
         fleet.close()
-        fleet.redis_server.close()
         print(fleet.logs()[-15000:])
 
 
@@ -142,7 +140,6 @@ def test_a_worker_whose_engine_core_dies_ends_and_its_jobs_are_taken_over(
         assert "the engine core ended" in fleet.logs()
     finally:
         fleet.close()
-        fleet.redis_server.close()
 
 
 def test_job_processes_share_one_engine_core_and_outlive_each_other(fleet, inputs):

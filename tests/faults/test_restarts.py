@@ -32,7 +32,6 @@ def test_a_job_longer_than_the_visibility_timeout_runs_once(tmp_path, storage_se
         assert "is running on" in fleet.logs()  # redelivered, and dropped: the lease held
     finally:
         fleet.close()
-        fleet.redis_server.close()
 
 
 @pytest.mark.parametrize(
@@ -53,7 +52,6 @@ def test_a_redis_restart_loses_no_accepted_job(tmp_path, storage_server, inputs,
         assert (tally.succeeded, tally.duplicates, tally.lost) == (32, 0, 0)
     finally:
         fleet.close()
-        fleet.redis_server.close()
         print(fleet.logs()[-15000:])
 
 
@@ -105,5 +103,4 @@ def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_j
         assert "has no live worker: sent again" in fleet.log_path(0).read_text()
     finally:
         fleet.close()
-        fleet.redis_server.close()
         print(fleet.logs()[-15000:])

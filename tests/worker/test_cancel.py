@@ -239,7 +239,6 @@ def fleet(tmp_path):
     fleet = make_fleet(tmp_path, storage_server, SLOT_MEMORY_BYTES=1)
     yield fleet
     fleet.close()
-    fleet.redis_server.close()
     storage_server.close()
     print(fleet.logs()[-15000:])
 
