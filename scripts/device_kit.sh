@@ -9,10 +9,11 @@
 # lacks; then packs it all as one tar cut into parts a device call can carry. Ignored paths
 # only (.whl/, .carry/); run it again to update, what is there already is kept.
 #
-#   bash scripts/device_kit.sh   # then carry .carry/kit/01, 02, ... one a call, back to back
-#                                # (the machine keeps them while warm; idle 30 s, it is given
-#                                # back and the carry starts again at 01); the last call's
-#                                # command starts with the prefix printed at the end
+#   [LEAN=1] bash scripts/device_kit.sh   # LEAN: tiny.en's fleet benchmarks only, 4 calls
+#
+# then carry .carry/kit/01, 02, ... (LEAN: .carry/kit-lean/01, ...) one a call, back to back
+# (the machine keeps them while warm; idle 30 s, it is given back and the carry starts again
+# at 01); the last call's command starts with the prefix printed at the end.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 VENV=${VENV:-$(cd "$(git rev-parse --git-common-dir)/.." && pwd)/.venv}
