@@ -18,8 +18,8 @@ import gc
 
 def settle() -> int:
     """Collect what is garbage now, then freeze every object still alive; returns how many
-    are frozen. A second of pause, once: call it when a model is warmed, not while inputs
-    are decoded."""
+    are frozen. One full collection's pause (a fifth of a second): for when a model is
+    warmed or a slot pool given up, not between decode steps."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
