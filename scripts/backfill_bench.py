@@ -597,6 +597,7 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
 
     sets = json.loads(args.job_options)
     sets = sets if isinstance(sets, list) else [sets]
+    engine_sets = [engine_options(JobOptions.model_validate(o), b"") for o in sets]  # checked
     clips = read_clips(Path(args.audio_dir), args.max_clip_s or 1e9, english=False)
     sources = clips
     if args.third_silence:
@@ -613,8 +614,7 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
     engine_runs: list[list[float]] = []
     if args.engine_runs:
         stream = Engine.open(Engines(Settings()).config(args.model))
-        for job_options in sets:
-            options = engine_options(JobOptions.model_validate(job_options), b"")
+        for options in engine_sets:
             stream.transcribe([c[1] for c in sources], options)  # load, compile, capture
             run = partial(stream.transcribe, [c[1] for c in files], options)
             engine_runs.append(measure.timed(run, args.engine_runs, "engine alone")[1])
