@@ -642,7 +642,7 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
         copies = [(f"{prefix}{i:06d}-{name}", data) for i, (name, data, _) in enumerate(files)]
         put_many(stack.s3(), ARCHIVE, copies, "archive")
         for k, job_options in enumerate(sets):
-            fleet_runs[k].append(backfill(api, prefix, job_options, len(files), args, stack))
+            fleet_runs[k].append(timed_backfill(api, prefix, job_options, len(files), args, stack))
             print(f"round {round_ + 1}, {json.dumps(job_options)}: {fleet_runs[k][-1][0]:.2f} s",
                   file=sys.stderr, flush=True)  # fmt: skip
 
@@ -677,7 +677,9 @@ def throughput(args: argparse.Namespace, stack: Stack) -> None:
               f"{min(runs) / medians[k]:.2f}")  # fmt: skip
 
 
-def backfill(api, prefix: str, job_options: dict, files: int, args, stack) -> tuple[float, dict]:
+def timed_backfill(
+    api, prefix: str, job_options: dict, files: int, args, stack
+) -> tuple[float, dict]:
     """`POST /v1/backfills` of the prefix, timed until it is `done`: (seconds, its counts)."""
     start = time.perf_counter()
     reply = api.post("/v1/backfills", json={"source": f"s3://{ARCHIVE}/{prefix}", **job_options})

@@ -34,7 +34,7 @@ of it go through the stream at once, as a worker's jobs would. Rows:
   `transcribe` waits for them all.
 
 Then the alignment passes of word timestamps, in the stream and as a worker: one more run of
-each, not timed as a row, with each `Aligner.align` call timed (the stepping thread's CUDA
+each, not timed as a row, with each `Aligner.launch` call timed (the stepping thread's CUDA
 stream synchronised before and after): passes, windows a pass, the time in them (staggered
 inputs, as a worker's jobs arrive, finish their windows apart: more passes of fewer windows).
 
