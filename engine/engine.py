@@ -106,16 +106,18 @@ class Engine:
             torch.cuda.empty_cache()
         return True
 
-    def prepare(self, item: Input) -> Prepared:
+    def prepare(self, item: Input, options: TranscriptionOptions | None = None) -> Prepared:
         """Validate and decode one input on the calling thread (CPU work: run many at once);
         raises AudioError or SpectrogramError (InputTooLong, a kind of both, past
         `max_audio_s`). Clips of up to 30 s come back as samples, to get their log-mel together
-        when they join a stream."""
+        when they join a stream. Long audio's first pass finds its speech unless the
+        `options` it will be submitted with use none (None: any options may follow)."""
         m, max_s = self.loaded, self.config.max_audio_s
         host = read_input(item, max_s)
         if isinstance(host, np.ndarray) and host.ndim >= 2:
             return spectrogram_source(host, m.dims.n_mels, m.device, max_s)
-        return open_audio(host, m.dims.n_mels, m.device, max_s)
+        speech = options is None or options.finds_speech
+        return open_audio(host, m.dims.n_mels, m.device, max_s, speech)
 
     def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
         """Check options against the model and the stream's rules before any work."""

@@ -72,6 +72,7 @@ class MelSource:
     # (start s, end s) of each stretch of speech (engine.vad), where the source's samples were
     # read: audio over 30 s, whose first pass reads them anyway
     speech: list[tuple[float, float]] | None = None
+    unheard = False  # long audio whose first pass was told not to find its speech
 
     def window(self, seek: int) -> torch.Tensor:
         """shape = (n_mels, N_FRAMES): frames seek .. seek + 3000; past the end of the input,
@@ -118,12 +119,13 @@ class _HeldMel(MelSource):
 
 class _StreamedMel(MelSource):
     """Frames of long audio, computed as the seek advances. The first pass refuses audio
-    longer than `max_s` seconds as soon as it passes the limit, and finds its speech."""
+    longer than `max_s` seconds as soon as it passes the limit, and finds its speech unless
+    told not to (`speech`: options that use none, `TranscriptionOptions.finds_speech`)."""
 
     hears = True
 
-    def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float):
-        self.n_mels, self._audio = n_mels, audio
+    def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float, speech: bool):
+        self.n_mels, self._audio, self.unheard = n_mels, audio, not speech
         n_frames, n_samples = 0, 0
 
         def sent(blocks: Iterator[np.ndarray]) -> Iterator[torch.Tensor]:
@@ -131,21 +133,23 @@ class _StreamedMel(MelSource):
             for block in within_limit(blocks, max_s, audio.format):
                 n_samples += len(block)
                 x = to_device(block, device)
-                voice.feed(x)
+                if voice is not None:
+                    voice.feed(x)
                 yield x
 
         with own_stream(device):  # first pass: the host waits for the device once, at the end
-            voice = Detector(device)
+            voice = Detector(device) if speech else None
             peak = torch.full((), -math.inf, device=device)
             blocks = sent(audio.blocks(FIRST_PASS_S))
             for frames in stream_log10_mel(blocks, n_mels, device):
                 peak = torch.maximum(peak, frames.amax())
                 n_frames += frames.shape[1]
-            probs = voice.finish()
+            probs = None if voice is None else voice.finish()
             log10_max = peak.item()
         self.log10_max, self.n_frames = log10_max, n_frames
         self.duration = n_samples / SAMPLE_RATE
-        self.speech = speech_regions(probs, self.duration)
+        if probs is not None:
+            self.speech = speech_regions(probs, self.duration)
         self.floor = (log10_max - 8.0 + 4.0) / 4.0
         self._frames: Iterator[torch.Tensor] = stream_log10_mel(audio.blocks(), n_mels, device)
         self._held = torch.zeros(n_mels, 0, device=device)
@@ -197,21 +201,25 @@ def open_audio(
     n_mels: int,
     device: torch.device,
     max_s: float = MAX_AUDIO_S,
+    speech: bool = True,
 ) -> Prepared:
     """Decoded audio (or 16 kHz samples): the samples of up to 30 s, for `sources`, or a
-    streamed source of longer audio (as the extractor with `truncation=False`). Which one is
-    found by decoding at most 30 s (files do not always say how long they are). Audio longer
-    than `max_s` seconds is refused (AudioTooLong): from the length a file declares, else
-    while it is decoded. `LongAudio` (what `read_input` found longer) is streamed at once."""
+    streamed source of longer audio (as the extractor with `truncation=False`), whose speech
+    its first pass finds if `speech`. Which one is found by decoding at most 30 s (files do
+    not always say how long they are). Audio longer than `max_s` seconds is refused
+    (AudioTooLong): from the length a file declares, else while it is decoded. `LongAudio`
+    (what `read_input` found longer) is streamed at once."""
     if isinstance(audio, np.ndarray):
         if len(audio) > max_s * SAMPLE_RATE:
             seconds = len(audio) / SAMPLE_RATE
             raise AudioTooLong(f"got {seconds:.1f} s of samples; expected at most {max_s:g} s")
         if len(audio) <= N_SAMPLES:
             return audio
-        return _StreamedMel(_SamplesAsAudio(audio), n_mels, device, max_s)
+        return _StreamedMel(_SamplesAsAudio(audio), n_mels, device, max_s, speech)
     read = read_input(audio, max_s)
-    return _StreamedMel(read.audio, n_mels, device, max_s) if isinstance(read, LongAudio) else read
+    if isinstance(read, LongAudio):
+        return _StreamedMel(read.audio, n_mels, device, max_s, speech)
+    return read
 
 
 def sources(prepared: Sequence[Prepared], n_mels: int, device: torch.device) -> list[MelSource]:

@@ -78,6 +78,15 @@ class TranscriptionOptions:
     seed: int = 0
 
     @property
+    def finds_speech(self) -> bool:
+        """Whether long audio's first pass runs Silero for these options: voice activity (as
+        asked, or chunked's default), speakers, or sequential's `cover_speech`. Without any of
+        them the pass is the log-mel's alone, and no GPU time goes on the recurrence."""
+        chunked = self.mode == "chunked"
+        vad = self.vad or (self.vad is None and chunked)
+        return vad or self.diarize is not None or (not chunked and self.cover_speech)
+
+    @property
     def needs_prompt(self) -> bool:
         """Whether windows are prompted with text: previous windows' or the initial prompt."""
         context = self.mode == "sequential" and self.condition_on_previous_text

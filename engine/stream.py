@@ -139,7 +139,7 @@ class Streaming:
         options = self.check(options or TranscriptionOptions())
         threads = max(1, min(len(items), PREPARE_THREADS, os.cpu_count() or 1))
         with ThreadPoolExecutor(threads, thread_name_prefix="prepare") as pool:
-            prepared = list(pool.map(self.prepare, items))
+            prepared = list(pool.map(functools.partial(self.prepare, options=options), items))
         for i, p in enumerate(prepared):
             self.submit(i, p, options, progress=progress and functools.partial(progress, i))
         results: dict[Hashable, Transcription] = {}
@@ -180,9 +180,10 @@ class Stream(Streaming):
         self._decoded: list[_Input] = []  # every window decoded, their speakers not found yet
         self._diarizer: ThreadPoolExecutor | None = None  # that thread, once an input asks
 
-    def prepare(self, item: Input) -> Prepared:
-        """Validate and decode one input on the calling thread; see `Engine.prepare`."""
-        return self.engine.prepare(item)
+    def prepare(self, item: Input, options: TranscriptionOptions | None = None) -> Prepared:
+        """Validate and decode one input on the calling thread, for `options` if known; see
+        `Engine.prepare`."""
+        return self.engine.prepare(item, options)
 
     def check(self, options: TranscriptionOptions) -> TranscriptionOptions:
         return self.engine.check(options)
@@ -203,6 +204,8 @@ class Stream(Streaming):
         options = self.check(options or TranscriptionOptions())
         if (options.vad or options.diarize) and isinstance(item, MelSource) and not item.hears:
             raise OptionsError("vad and diarize need audio; a spectrogram has no samples")
+        if options.finds_speech and isinstance(item, MelSource) and item.unheard:
+            raise ValueError("these options use the input's speech: prepare it with them")
         order = (not urgent, next(self._arrivals))
         self._inputs[owner] = entry = _Input(owner, item, options, progress, order)
         self._new.append(entry)

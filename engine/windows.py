@@ -113,9 +113,10 @@ class WindowStream(Streaming):
         self._arrivals = itertools.count()
         self._queue: list[tuple[tuple[bool, int, int], _Input, int]] = []  # windows to start
 
-    def prepare(self, item: Input) -> np.ndarray:
+    def prepare(self, item: Input, options: TranscriptionOptions | None = None) -> np.ndarray:
         """An input's 16 kHz samples; raises AudioError, or SpectrogramError for a spectrogram
-        (a model's own features are made from audio here)."""
+        (a model's own features are made from audio here). The options change nothing: these
+        models decode whole windows, without voice activity."""
         host = read_input(item, self.engine.config.max_audio_s)
         if isinstance(host, LongAudio):
             host = host.audio.decode()

@@ -12,8 +12,8 @@ of it go through the stream at once, as a worker's jobs would. Rows:
 
 - transcription, vad off / on: `Stream.transcribe` of every copy (sequential mode), audio
   seconds per second (RTFx), median and range of `--runs`;
-- transcription without Silero: vad off, with a stand-in for `engine.inputs.Detector` that
-  hears nothing: the transcription with no voice activity at all;
+- transcription without Silero: vad and `cover_speech` off, options that use no speech, so
+  that no first pass runs Silero: the transcription with no voice activity at all;
 - word timestamps: the same with word timestamps (vad on), which diarize turns on;
 - with diarize: the same with the option diarize (voice activity on, words timed, speakers
   found on the stream's diarizing thread);
@@ -26,7 +26,7 @@ of it go through the stream at once, as a worker's jobs would. Rows:
   clustered); each as a share of the transcription with vad off;
 - first passes, with Silero and without: `Stream.prepare` of every copy on PREPARE_THREADS
   threads, as `transcribe` runs it before any window is decoded (log-mel and voice activity;
-  without, the stand-in);
+  without, for options that use no speech);
 - as a worker: vad off, with and without Silero, word timestamps and diarize, each copy
   prepared on one of PREPARE_THREADS threads and handed to the worker's batcher
   (`worker.core.batching.Batcher`) as soon as its first pass is done, as a worker's jobs
@@ -45,8 +45,8 @@ each stops every thread of the process (on stderr, and in `--json`).
 passes): a device call of ten minutes holds the rows of one question, for two versions.
 
 Then what they add to the transcription, in the stream, as a share of the one without Silero:
-Silero's, the transcription with vad off less the one without Silero (every long input's first
-pass runs it, whatever its options: `vad` decides only what is done with the speech); the
+Silero's, the transcription with vad off less the one without Silero (with vad off, a long
+input's first pass still runs it for sequential's `cover_speech`, on by default); the
 speakers', the diarized transcription less the one with word timestamps alone (diarize times
 the words, and those are the option's, not the speakers'); and the same for the rows as a
 worker.
@@ -55,7 +55,7 @@ worker.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -70,13 +70,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import Engine, EngineConfig, TranscriptionOptions, inputs  # noqa: E402
+from engine import Engine, EngineConfig, TranscriptionOptions  # noqa: E402
 from engine.diarize import Recording, speaker_turns  # noqa: E402
 from engine.inputs import own_stream  # noqa: E402
 from engine.options import SpeakerCount  # noqa: E402
 from engine.stream import PREPARE_THREADS  # noqa: E402
 from engine.timing import Aligner  # noqa: E402
-from engine.vad import CHUNK, Detector, speech_regions  # noqa: E402
+from engine.vad import Detector, speech_regions  # noqa: E402
 from scripts.measure import gc_pauses, spread, timed  # noqa: E402
 from tools.evaluate import read_manifest  # noqa: E402
 from tools.longform import third_silence  # noqa: E402
@@ -90,14 +90,15 @@ DIARIZED = "with diarize"
 AS_WORKER = "as a worker: "
 VAD_ALONE = "VAD alone (first passes at once, own streams)"
 DIARIZATION_ALONE = "diarization alone (from the speech)"
-RUNS = {  # --rows: the name -> the row, its options, and whether Silero hears
-    "vad-off": (VAD_OFF, TranscriptionOptions(vad=False), True),
-    "no-silero": (DEAF, TranscriptionOptions(vad=False), False),
-    "vad-on": ("transcription, vad on", TranscriptionOptions(vad=True), True),
-    "words": (WORDS, TranscriptionOptions(vad=True, word_timestamps=True), True),
-    "diarize": (DIARIZED, TranscriptionOptions(diarize=SpeakerCount()), True),
-    "chunked-off": ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False), True),
-    "chunked-on": ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True), True),
+UNHEARD = TranscriptionOptions(vad=False, cover_speech=False)  # no first pass runs Silero
+RUNS = {  # --rows: the name -> the row and its options
+    "vad-off": (VAD_OFF, TranscriptionOptions(vad=False)),
+    "no-silero": (DEAF, UNHEARD),
+    "vad-on": ("transcription, vad on", TranscriptionOptions(vad=True)),
+    "words": (WORDS, TranscriptionOptions(vad=True, word_timestamps=True)),
+    "diarize": (DIARIZED, TranscriptionOptions(diarize=SpeakerCount())),
+    "chunked-off": ("chunked, vad off", TranscriptionOptions(mode="chunked", vad=False)),
+    "chunked-on": ("chunked, vad on", TranscriptionOptions(mode="chunked", vad=True)),
 }
 
 
@@ -142,15 +143,14 @@ def main() -> int:
     )
     rows, out, passes = {}, {}, {}
     runs = [run for name, run in RUNS.items() if name in chosen]
-    for name, options, hears in runs:
-        with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
-            # its first-time costs, at the timed runs' sizes (after one copy alone, the first
-            # timed run took about twice the others', 2026-12-07)
-            synced(lambda o=options: stream.transcribe(items, o))()
-            before = stream.stats
-            run = synced(lambda o=options: stream.transcribe(items, o))
-            with gc_pauses() as pauses:
-                results, times = timed(run, args.runs)
+    for name, options in runs:
+        # its first-time costs, at the timed runs' sizes (after one copy alone, the first
+        # timed run took about twice the others', 2026-12-07)
+        synced(lambda o=options: stream.transcribe(items, o))()
+        before = stream.stats
+        run = synced(lambda o=options: stream.transcribe(items, o))
+        with gc_pauses() as pauses:
+            results, times = timed(run, args.runs)
         windows = (stream.stats - before).windows // args.runs
         wer = word_error_rate([reference], [results[0].text])
         rows[name] = times
@@ -169,12 +169,11 @@ def main() -> int:
     while stream.warm_next():  # what the batcher would capture while idle, not in a timed run
         pass
     batcher = Batcher(stream, stream.engine.encoder_batch, 0.01)
-    for name, options, hears in (r for r in runs if r[0] in (VAD_OFF, DEAF, WORDS, DIARIZED)):
-        with contextlib.nullcontext() if hears else mock.patch.object(inputs, "Detector", _Deaf):
-            run = synced(lambda o=options: _as_worker(stream, batcher, items, o))
-            run()
-            with gc_pauses() as pauses:
-                results, times = timed(run, args.runs)
+    for name, options in (r for r in runs if r[0] in (VAD_OFF, DEAF, WORDS, DIARIZED)):
+        run = synced(lambda o=options: _as_worker(stream, batcher, items, o))
+        run()
+        with gc_pauses() as pauses:
+            results, times = timed(run, args.runs)
         wer = word_error_rate([reference], [results[0].text])
         rows[AS_WORKER + name] = times
         out[AS_WORKER + name] = {"seconds": times, "wer": wer, "rtfx": [audio / t for t in times]}
@@ -241,8 +240,8 @@ def _alone(stream, items, seconds, regions, device, runs) -> dict[str, list[floa
     _, diarize_times = timed(synced(lambda: speaker_turns(recordings, device, triton=triton)), runs)
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         _, heard = timed(synced(lambda: list(pool.map(stream.prepare, items))), runs)
-        with mock.patch.object(inputs, "Detector", _Deaf):
-            _, unheard = timed(synced(lambda: list(pool.map(stream.prepare, items))), runs)
+        unheard_pass = functools.partial(stream.prepare, options=UNHEARD)
+        _, unheard = timed(synced(lambda: list(pool.map(unheard_pass, items))), runs)
     return {
         VAD_ALONE: vad_times,
         "VAD alone (one after another, default stream)": serial_times,
@@ -265,8 +264,8 @@ def _as_worker(
     """The inputs as a worker's job threads hand them over: each prepared on one of
     PREPARE_THREADS threads, then submitted to the batcher, whose thread steps the stream."""
 
-    def job(samples: np.ndarray):
-        return batcher.submit(stream.prepare(samples), options, urgent=False).future
+    def job(samples: np.ndarray):  # as worker.core.process prepares a job's input
+        return batcher.submit(stream.prepare(samples, options), options, urgent=False).future
 
     with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         futures = list(pool.map(job, items))
@@ -295,19 +294,6 @@ def _alignment_passes(run) -> list[tuple[int, float]]:
     with mock.patch.object(Aligner, "launch", timed_launch):
         run()
     return found
-
-
-class _Deaf:
-    """A first pass that hears nothing, in `engine.inputs.Detector`'s place."""
-
-    def __init__(self, device):
-        self.n_samples = 0
-
-    def feed(self, samples: np.ndarray) -> None:
-        self.n_samples += len(samples)
-
-    def finish(self) -> np.ndarray:
-        return np.zeros(-(-self.n_samples // CHUNK), np.float32)
 
 
 def _own_vad(device: str):

@@ -13,7 +13,8 @@ from transformers import WhisperFeatureExtractor
 from engine import AudioError, InputTooLong, SpectrogramError, TranscriptionOptions
 from engine.audio import Audio, decode_audio, resample
 from engine.inputs import LongAudio, audio_sources, open_audio, read_input, spectrogram_source
-from tests.conftest import open_stream, transcribe
+from engine.options import SpeakerCount
+from tests.conftest import long_speech, open_stream, transcribe
 
 CPU = torch.device("cpu")
 
@@ -232,3 +233,55 @@ def test_an_engine_config_refuses_a_limit_that_is_not_positive():
     for value in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match=f"max_audio_s {value!r}: expected seconds above 0"):
             EngineConfig(max_audio_s=value)
+
+
+@pytest.mark.parametrize(
+    ("options", "finds"),
+    [
+        (TranscriptionOptions(), True),  # sequential's cover_speech
+        (TranscriptionOptions(vad=False), True),
+        (TranscriptionOptions(vad=False, cover_speech=False), False),
+        (TranscriptionOptions(cover_speech=False), False),  # vad omitted: off in sequential
+        (TranscriptionOptions(cover_speech=False, vad=True), True),
+        (TranscriptionOptions(mode="chunked"), True),  # vad omitted: on in chunked
+        (TranscriptionOptions(mode="chunked", vad=False), False),
+        (TranscriptionOptions(mode="chunked", vad=False, word_timestamps=True), False),
+        (TranscriptionOptions(mode="chunked", vad=False, diarize=SpeakerCount()), True),
+        (TranscriptionOptions(mode="chunked", vad=False, cover_speech=True), False),
+    ],
+)
+def test_options_find_speech_where_something_uses_it(options, finds):
+    assert options.finds_speech is finds
+
+
+def test_long_audio_read_for_options_that_use_no_speech_runs_no_silero(tiny_en, clips, monkeypatch):
+    from engine import inputs
+
+    data = long_speech(clips["en_jfk"].bytes, 3)  # 33 s
+    chunked = TranscriptionOptions(mode="chunked", vad=False)
+    heard = tiny_en.prepare(data, TranscriptionOptions(mode="chunked"))
+    detectors = []
+    monkeypatch.setattr(inputs, "Detector", lambda device: detectors.append(device))
+    unheard = tiny_en.prepare(data, chunked)
+    assert not detectors and unheard.unheard and unheard.speech is None
+    assert heard.speech and not heard.unheard
+    assert unheard.duration == heard.duration and unheard.floor == heard.floor
+
+    tiny_en.submit("unheard", unheard, chunked)
+    tiny_en.submit("heard", heard, chunked)
+    done = {}
+    while tiny_en.busy:
+        done.update((f.owner, f.transcription) for f in tiny_en.step())
+    assert tokens(done["unheard"]) == tokens(done["heard"])
+    assert "ask not what your country can do for you" in done["unheard"].text.lower()
+
+
+def test_options_that_use_speech_refuse_audio_read_without_finding_it(tiny_en, clips):
+    data = long_speech(clips["en_jfk"].bytes, 3)
+    unheard = tiny_en.prepare(data, TranscriptionOptions(mode="chunked", vad=False))
+    for options in (TranscriptionOptions(), TranscriptionOptions(mode="chunked")):
+        with pytest.raises(ValueError, match="prepare it with them"):
+            tiny_en.submit("late", unheard, options)
+    assert not tiny_en.busy
+    tiny_en.submit("right", unheard, TranscriptionOptions(mode="chunked", vad=False))
+    assert tiny_en.owners == ["right"] and tiny_en.abort("right") and not tiny_en.busy

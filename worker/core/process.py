@@ -494,7 +494,7 @@ class _Core:
         try:
             batcher = self.engines.batcher(name)
             checked = batcher.stream.check(options)
-            prepared = batcher.stream.prepare(host)
+            prepared = batcher.stream.prepare(host, checked)
         except Exception as e:  # noqa: BLE001 - the input's error is its job's
             with self._lock:
                 del self._preparing[key]
