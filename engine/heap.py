@@ -5,7 +5,8 @@ does: torch, transformers and a loaded model are some 230,000 of them, which too
 CPU here and 150–230 ms on an H100's host (2026-12-07), once or twice each 2-second run of
 word timestamps, whose words outlive the young generations. Those objects live as long as the
 process, so once a model is loaded and warmed they are frozen (`gc.freeze`, as vLLM does after
-its warm-up): moved to the permanent generation, which collections leave alone. Objects frozen
+its warm-up): moved to the permanent generation, which collections leave alone (a full one then
+took 10–34 ms on that host, docs/benchmarks.md, thirteenth round). Objects frozen
 are still freed when nothing refers to them; only a cycle among them would never be, so what
 is dropped for good is handed back: a model's objects (`thaw`), and a slot pool halved after
 running out of device memory (collected at once, `settle`).
