@@ -7,7 +7,8 @@
 # CAM++, the tokenizers and the dev set's English clips into .carry/voice/1 and /2, and, with
 # a revision, a patch of engine/ that turns the carried tree into that revision's (the
 # baseline, run in /tmp/base in the same calls, with this tree's benchmark: a revision from
-# 4b1fac5 on, whose alignment passes `voice_bench` times through `Aligner.launch`).
+# 92f35c1 on, whose `prepare` takes the job's options as `voice_bench` passes them, and whose
+# alignment passes it times through `Aligner.launch`).
 #
 #   bash scripts/device_voice_kit.sh [BASE_REV]
 #   # then: carry .carry/voice/1 with `bash .carry/voice/1/unpack.sh`, and .carry/voice/2 with
