@@ -55,7 +55,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 @pytest.mark.parametrize(
     "shapes",
-    [[(1, 1)], [(7, 1), (1, 7)], [(12, 40), (30, 90), (25, 25), (5, 60)], [(90, 1500), (3, 1499)]],
+    [[(1, 1)], [(7, 1), (1, 7)], [(12, 40), (30, 90), (25, 25), (5, 60)], [(70, 500), (3, 499)]],
 )
 def test_the_dtw_kernel_finds_the_hosts_paths(shapes):
     """Every window of a pass searched at once, each of its own size, read in place from the
@@ -445,7 +445,7 @@ def random_state(tok, rows: int, g: torch.Generator) -> DecodeState:
 def test_greedy_kernel_matches_torch_filters(rules, timestamps, dtype):
     rules, tok = rules
     g = torch.Generator().manual_seed(7 + timestamps)
-    rows, n_vocab = 48, rules.n_vocab
+    rows, n_vocab = 16, rules.n_vocab
     # a padded logits buffer, as the decoder's head writes it, read through a view
     logits = torch.randn(rows, n_vocab + 39, generator=g) * 3
     # on about half the rows, timestamps together outweigh the best text token
@@ -469,10 +469,10 @@ def test_a_row_without_timestamps_chooses_alike_in_a_step_that_applies_them(rule
     step without the rules chooses."""
     rules, tok = rules
     g = torch.Generator().manual_seed(11)
-    logits = torch.randn(32, rules.n_vocab, generator=g) * 3
+    logits = torch.randn(12, rules.n_vocab, generator=g) * 3
     logits[:, tok.timestamp_begin :] += 4.0  # timestamps would win where the rules apply
     logits = logits.to(torch.float16).to(DEVICE)
-    state = random_state(tok, 32, g)
+    state = random_state(tok, 12, g)
     plain = ~state.timestamps
     assert plain.any() and state.timestamps.any()
     token, logprob = rules.triton_select(logits, state, True)
@@ -488,7 +488,7 @@ def test_the_rows_that_sample_keep_their_filtered_logits_and_the_others_write_no
     the filters in torch make them, and leaves the other rows' buffer alone."""
     rules, tok = rules
     g = torch.Generator().manual_seed(13)
-    rows = 24
+    rows = 12
     logits = torch.randn(rows, rules.n_vocab, generator=g) * 3
     logits[: rows // 2, tok.timestamp_begin :] += 4.0
     logits = logits.to(torch.float16).to(DEVICE)
