@@ -125,7 +125,7 @@ class _StreamedMel(MelSource):
     hears = True
 
     def __init__(self, audio: Audio, n_mels: int, device: torch.device, max_s: float, speech: bool):
-        self.n_mels, self._audio, self.unheard = n_mels, audio, not speech
+        self.n_mels, self._audio = n_mels, audio
         n_frames, n_samples = 0, 0
 
         def sent(blocks: Iterator[np.ndarray]) -> Iterator[torch.Tensor]:
@@ -154,6 +154,10 @@ class _StreamedMel(MelSource):
         self._frames: Iterator[torch.Tensor] = stream_log10_mel(audio.blocks(), n_mels, device)
         self._held = torch.zeros(n_mels, 0, device=device)
         self._start = 0  # frame index of self._held[:, 0]
+
+    @property
+    def unheard(self) -> bool:
+        return self.speech is None  # long audio's speech is found in its first pass, or never
 
     def samples(self) -> Iterator[np.ndarray]:
         return self._audio.blocks(FIRST_PASS_S)
