@@ -33,10 +33,11 @@ def test_tiny_en_through_transformers_gives_the_native_engines_tokens(
         assert b.text == a.text and b.language == "en" and b.model == "tiny.en-hf"
 
 
-def test_long_audio_is_cut_into_windows_each_a_segment(tiny_en_hf, clips):
-    result = tiny_en_hf.transcribe([long_speech(clips["en_jfk"].bytes, 4)], GREEDY)[0]  # 44 s
+def test_long_audio_is_cut_into_windows_each_a_segment(tiny_en_hf):
+    result = tiny_en_hf.transcribe([long_speech(44)], GREEDY)[0]
     assert [(s.start, s.end) for s in result.segments] == [(0.0, 30.0), (30.0, 44.0)]
-    assert result.duration == 44.0 and result.text.lower().count("ask not") >= 2
+    text = result.text.lower()
+    assert result.duration == 44.0 and "ask not" in text and "middle classes" in text
     assert all(s.avg_logprob is None and s.no_speech_prob is None for s in result.segments)
 
 
@@ -62,7 +63,7 @@ def test_a_random_ctc_model_serves_with_the_same_contract(tmp_path, clips, archi
     assert stream.warm() == 0 and not stream.busy
     data = [
         clips["en_jfk"].bytes,
-        long_speech(clips["en_jfk"].bytes, 3),
+        long_speech(33),
         clips["fr_fleurs_000"].bytes,
     ]
     results = stream.transcribe(data)  # the default options: segments, fallback schedule
@@ -108,7 +109,7 @@ def test_an_audio_language_model_serves_with_the_same_contract(qwen3, clips):
 
     from engine.audio import decode_audio
 
-    data = [clips["en_jfk"].bytes, long_speech(clips["en_jfk"].bytes, 3)]
+    data = [clips["en_jfk"].bytes, long_speech(33)]
     results = qwen3.transcribe(data)
     for result, seconds, windows in zip(results, (11.0, 33.0), (1, 2), strict=True):
         assert result.model == "qwen3-asr" and result.duration == pytest.approx(seconds, abs=0.01)

@@ -254,10 +254,10 @@ def test_options_find_speech_where_something_uses_it(options, finds):
     assert options.finds_speech is finds
 
 
-def test_long_audio_read_for_options_that_use_no_speech_runs_no_silero(tiny_en, clips, monkeypatch):
+def test_long_audio_read_for_options_that_use_no_speech_runs_no_silero(tiny_en, monkeypatch):
     from engine import inputs
 
-    data = long_speech(clips["en_jfk"].bytes, 3)  # 33 s
+    data = long_speech(33)
     chunked = TranscriptionOptions(mode="chunked", vad=False)
     heard = tiny_en.prepare(data, TranscriptionOptions(mode="chunked"))
     detectors = []
@@ -276,8 +276,8 @@ def test_long_audio_read_for_options_that_use_no_speech_runs_no_silero(tiny_en, 
     assert "ask not what your country can do for you" in done["unheard"].text.lower()
 
 
-def test_options_that_use_speech_refuse_audio_read_without_finding_it(tiny_en, clips):
-    data = long_speech(clips["en_jfk"].bytes, 3)
+def test_options_that_use_speech_refuse_audio_read_without_finding_it(tiny_en):
+    data = long_speech(33)
     unheard = tiny_en.prepare(data, TranscriptionOptions(mode="chunked", vad=False))
     for options in (TranscriptionOptions(), TranscriptionOptions(mode="chunked")):
         with pytest.raises(ValueError, match="prepare it with them"):

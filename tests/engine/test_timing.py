@@ -229,9 +229,9 @@ def test_a_pass_timing_only_aborted_inputs_lets_go_of_its_copies(tiny_en, clips,
 
 
 @pytest.mark.parametrize("mode", ["sequential", "chunked"])
-def test_the_words_of_long_audio_follow_the_segments_they_are_in(tiny_en, clips, mode):
+def test_the_words_of_long_audio_follow_the_segments_they_are_in(tiny_en, mode):
     """Three windows and more: each segment's words spell its text, in order, inside it."""
-    audio = long_speech(clips["en_jfk"].bytes, 6)  # 66 s
+    audio = long_speech(66)
     result = transcribe(tiny_en, audio, dataclasses.replace(WORDS, mode=mode))
     assert result.words == [w for s in result.segments for w in s.words]
     assert result.words[-1].end > 60

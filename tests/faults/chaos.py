@@ -60,10 +60,10 @@ def cases(clips: dict, n: int, seed: int = 0) -> list[Case]:
         for rate in (8000, 44100, 48001)
     ]
     long = [
-        Case("jfk x4 sequential", long_speech(jfk, 4), "long.flac"),
+        Case("44 s sequential", long_speech(44), "long.flac"),
         Case(
-            "jfk x6 chunked",
-            long_speech(jfk, 6),
+            "66 s chunked",
+            long_speech(66),
             "long.flac",
             (("mode", "chunked"),),
         ),

@@ -1,7 +1,7 @@
 """Backfills on the real stack: our own Redis, moto's S3 server, the API, real workers (tiny.en
 on the CPU), the scanner, and two beat processes, all as processes; a scanner and a worker
-`kill -9`ed mid-run. Counts are scaled for CI: WHISPERFLEET_TEST_BACKFILL_AUDIO (default 40)
-audio objects among the 500 of the first prefix."""
+`kill -9`ed mid-run. Counts are scaled for CI: WHISPERFLEET_TEST_BACKFILL_AUDIO (default 12)
+audio objects among the 200 of the first prefix."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from worker.contract.backfills import BackfillStore
 
 pytestmark = pytest.mark.slow
 
-AUDIO = int(os.environ.get("WHISPERFLEET_TEST_BACKFILL_AUDIO", "24"))
-MALFORMED, EMPTY, OTHER = 150, 50, 300 - AUDIO  # 500 objects in all
+AUDIO = int(os.environ.get("WHISPERFLEET_TEST_BACKFILL_AUDIO", "12"))
+MALFORMED, EMPTY, OTHER = 60, 20, 120 - AUDIO  # 200 objects in all
 JOBS = AUDIO + MALFORMED + EMPTY  # the objects named as audio: each a job
-NEW = 12  # objects added once the first run is done
+NEW = 6  # objects added once the first run is done
 ARCHIVE = f"archive-{uuid.uuid4().hex[:10]}"
-BOUND = 24  # the bulk queue's bound: the scan of `crash/` lasts as long as its jobs
+BOUND = 12  # the bulk queue's bound: the scan of `crash/` lasts as long as its jobs
 
 
 class Stack:
@@ -191,11 +191,11 @@ def test_a_prefix_is_done_once_reruns_make_nothing_and_a_schedule_takes_only_new
 
 
 def test_a_killed_scanner_and_worker_leave_the_totals_of_a_calm_run(stack):
-    audio, malformed, other = 30, 10, 5
+    audio, malformed, other = 16, 6, 3
     jobs = audio + malformed
     stack.put_prefix("crash/", audio, malformed, 0, other)
     bid = stack.start("crash/")["id"]
-    stack.wait(bid, lambda s: s["counts"]["created"] >= 8)
+    stack.wait(bid, lambda s: s["counts"]["created"] >= 4)
     assert stack.get(bid)["run"]["scanned_at"] is None  # mid-scan: the bound holds it back
     stack.scanner.kill()  # kill -9
     stack.scanner.wait()
