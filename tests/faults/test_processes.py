@@ -73,7 +73,7 @@ def test_a_job_that_kills_its_process_every_time_is_failed_as_poison(
     sends the job to the quarantine lane. There it runs alone, in a process of its own, and
     kills it each time: after MAX_ATTEMPTS such deaths it is poison, and the worker itself
     was not killed again."""
-    fleet = make_fleet(tmp_path, storage_server, MAX_ATTEMPTS=3)
+    fleet = make_fleet(tmp_path, storage_server, MAX_ATTEMPTS=2)
     try:
         [job] = submit_many(fleet, inputs, 1)
         fleet.start_worker("after_start", "--gpus", "0")
@@ -82,7 +82,7 @@ def test_a_job_that_kills_its_process_every_time_is_failed_as_poison(
         assert (tally.failed, tally.lost) == (1, 0)
         record = fleet.store.get(job)
         assert record.error.code == "poison" and record.quarantined
-        assert record.quarantine_deaths == 3 and record.attempts == 4
+        assert record.quarantine_deaths == 2 and record.attempts == 3
         assert fleet.logs().count("restarting it") == 1
     finally:
         fleet.close()

@@ -78,8 +78,8 @@ def test_a_plain_celery_worker_renews_its_leases_and_takes_over_a_dead_workers_j
     fleet = make_fleet(tmp_path, storage_server)
     try:
         plain = fleet.start_celery_worker()
-        # 300 s of speech: it runs many times the lease (3 s), renewed by the heartbeat alone
-        [long_job] = [fleet.submit(long_speech(300))]
+        # 150 s of speech: it runs many times the lease (3 s), renewed by the heartbeat alone
+        [long_job] = [fleet.submit(long_speech(150))]
         fleet.wait_until([long_job], RUNNING, 1, timeout=120)
         ours = fleet.start_worker()
         deadline = time.monotonic() + 180  # warm (its graphs captured) before it takes a job
