@@ -269,10 +269,13 @@ def long_speech(seconds: float) -> bytes:
     import numpy as np
     import soundfile as sf
 
-    clips = [sf.read(path, dtype="float32")[0] for path in SPEECH]
-    audio = np.concatenate(clips * (1 + int(16000 * seconds) // sum(map(len, clips))))
+    from engine.audio import SAMPLE_RATE, decode_audio
+
+    clips = [decode_audio(path.read_bytes()) for path in SPEECH]
+    n = int(SAMPLE_RATE * seconds)
+    audio = np.concatenate(clips * (1 + n // sum(map(len, clips))))
     out = io.BytesIO()
-    sf.write(out, audio[: int(16000 * seconds)], 16000, format="FLAC")
+    sf.write(out, audio[:n], SAMPLE_RATE, format="FLAC")
     return out.getvalue()
 
 
